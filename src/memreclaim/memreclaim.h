@@ -1,0 +1,134 @@
+/* Shared declarations of the memreclaim C core.
+ *
+ * Layers (see docs/architecture.md):
+ *   _core.c   module glue: method table, module state, result types, argument checks
+ *   procfs.c  RSS readers (/proc/self/statm through a kept descriptor, /proc/self/status), fork-aware
+ *   alloc.c   allocator detection and one backend per allocator behind a table of function pointers
+ *
+ * procfs.c and alloc.c never touch Python objects: they return raw numbers (bytes) and errno values,
+ * so they may run with the GIL released. Only _core.c speaks Python.
+ */
+#ifndef MEMRECLAIM_H
+#define MEMRECLAIM_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- capability macros ---------------------------------------------------------------------- */
+
+/* glibc's mallopt() parameter numbers (malloc.h); defined here so the build does not depend on
+ * the header of the C library it happens to be built against. */
+#define MR_M_TRIM_THRESHOLD (-1)
+#define MR_M_MMAP_THRESHOLD (-3)
+#define MR_M_ARENA_MAX (-8)
+
+/* glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2, which is 32 MiB on 64-bit systems
+ * (4 * 1024 * 1024 * sizeof(long)). */
+#define MR_MMAP_THRESHOLD_MAX ((long long)4 * 1024 * 1024 * (long long)sizeof(long))
+
+/* jemalloc: MALLCTL_ARENAS_ALL is 4096, so this purges every arena. */
+#define MR_JEMALLOC_PURGE_ALL "arena.4096.purge"
+
+/* ---- procfs.c ------------------------------------------------------------------------------- */
+
+/* A kept descriptor on /proc/self/statm. The descriptor names the process that opened it, so it
+ * is reopened when the fork generation changes (a child must read its own figures). */
+typedef struct {
+    int fd;                    /* -1 when not open */
+    unsigned long generation;  /* mr_fork_generation() when fd was opened */
+} mr_statm;
+
+typedef struct {
+    int64_t resident; /* bytes */
+    int64_t anon;     /* bytes: resident - shared (file-backed and shmem) */
+} mr_rss_sample;
+
+/* Fields of /proc/self/status, in bytes; -1 where the kernel does not report one. */
+typedef struct {
+    int64_t rss;       /* VmRSS */
+    int64_t rss_anon;  /* RssAnon */
+    int64_t rss_file;  /* RssFile */
+    int64_t rss_shmem; /* RssShmem */
+    int64_t peak_rss;  /* VmHWM */
+    int64_t swap;      /* VmSwap */
+} mr_status;
+
+void mr_procfs_global_init(void);
+unsigned long mr_fork_generation(void);
+void mr_statm_init(mr_statm *statm);
+void mr_statm_close(mr_statm *statm);
+/* Returns 0, or an errno value (and leaves *out unspecified). Touches the descriptor in *statm:
+ * the caller serialises calls on one mr_statm (the GIL does, in _core.c). */
+int mr_statm_read(mr_statm *statm, mr_rss_sample *out);
+/* Returns 0, or an errno value. */
+int mr_status_read(mr_status *out);
+
+/* ---- alloc.c -------------------------------------------------------------------------------- */
+
+typedef enum {
+    MR_ALLOC_UNKNOWN = 0,
+    MR_ALLOC_GLIBC,
+    MR_ALLOC_JEMALLOC,
+    MR_ALLOC_MIMALLOC,
+    MR_ALLOC_TCMALLOC,
+} mr_alloc_kind;
+
+#define MR_MAX_FIGURES 12
+
+/* Raw allocator figures: every field in bytes (counts where the name says so), -1 = unknown. */
+typedef struct {
+    int64_t in_use; /* bytes handed out to the program */
+    int64_t free;   /* bytes the allocator holds but has not handed out */
+    int64_t mapped; /* bytes the allocator has obtained from the kernel */
+    size_t nfigures;
+    struct {
+        const char *name;
+        int64_t value;
+    } figures[MR_MAX_FIGURES]; /* the allocator's own names and numbers */
+} mr_heap_stats;
+
+typedef struct mr_backend {
+    mr_alloc_kind kind;
+    const char *name;        /* "glibc", "jemalloc", "mimalloc", "tcmalloc", "unknown" */
+    const char *trim_method; /* what trim() calls, for humans; "none" when nothing */
+    /* Give free memory back. Pure C: called with the GIL released. Returns 0 or an errno. */
+    int (*trim)(void);
+    /* Fill *out. Pure C, may walk the heap. Returns 0, ENOTSUP when the allocator has no
+     * statistics interface, or another errno. */
+    int (*heap_stats)(mr_heap_stats *out);
+} mr_backend;
+
+/* Resolve the optional symbols (once per process; idempotent and thread-safe) and return the
+ * backend serving malloc in this process. Never NULL. */
+const mr_backend *mr_backend_detect(void);
+/* The allocator's version string, or NULL when it does not say. */
+const char *mr_backend_version(const mr_backend *backend);
+
+/* glibc knobs. Return 0, ENOTSUP when the live allocator is not glibc or lacks the call, or
+ * EINVAL when glibc refused the value. */
+int mr_glibc_mallopt(int param, int value);
+/* glibc malloc_info(0, ...) into a malloc'd buffer (*text, *size); the caller frees *text with
+ * free(). Pure C: call with the GIL released. Returns 0 or an errno. */
+int mr_glibc_malloc_info(char **text, size_t *size);
+
+/* ---- pool reclaim (memreclaim._pools), reached through a capsule ----------------------------- */
+
+#define MR_POOLS_CAPSULE "memreclaim._pools._C_API"
+#define MR_POOLS_CAPI_VERSION 1
+
+typedef struct {
+    long long pools_released; /* empty pymalloc pools whose pages were given back */
+    long long bytes_released; /* bytes given back (madvised) */
+} mr_pools_result;
+
+typedef struct {
+    int version; /* MR_POOLS_CAPI_VERSION */
+    /* Called with the GIL held (it walks pymalloc's structures). Returns 0 and fills *out, or -1
+     * with a Python exception set (for instance when pool reclaim is not enabled). */
+    int (*reclaim)(mr_pools_result *out);
+} mr_pools_capi;
+
+#endif /* MEMRECLAIM_H */
