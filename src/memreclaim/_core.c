@@ -238,16 +238,20 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
     /* The statm reads keep the GIL: they take about a microsecond, and the GIL serialises use
      * of the kept descriptor in the module state. */
     before_err = mr_statm_read(&state->statm, &before);
-    started = monotonic_seconds();
     /* Pool reclaim walks pymalloc's structures: it needs the GIL held. */
+    started = monotonic_seconds();
     if (pools != NULL && pools->reclaim(&pools_result) < 0) {
         return NULL;
     }
-    const mr_backend *backend = state->backend;
-    Py_BEGIN_ALLOW_THREADS
-    trim_err = backend->trim();
-    Py_END_ALLOW_THREADS
     seconds = monotonic_seconds() - started;
+    const mr_backend *backend = state->backend;
+    /* The clock is read inside the released region: waiting to get the GIL back afterwards is
+     * not the trim's cost. */
+    Py_BEGIN_ALLOW_THREADS
+    started = monotonic_seconds();
+    trim_err = backend->trim();
+    seconds += monotonic_seconds() - started;
+    Py_END_ALLOW_THREADS
     after_err = mr_statm_read(&state->statm, &after);
 
     if (trim_err != 0) {
