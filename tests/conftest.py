@@ -90,6 +90,8 @@ def allocator_lib(name: str) -> Path:
     if not lib.exists():
         if os.environ.get("MEMRECLAIM_REQUIRE_ALLOCATORS"):
             pytest.fail(f"{lib} is missing but MEMRECLAIM_REQUIRE_ALLOCATORS is set")
-        pytest.skip(f"{lib} is not installed (apt-get install libjemalloc2 libmimalloc2.0 "
-                    "libtcmalloc-minimal4)")
+        pytest.skip(
+            f"{lib} is not installed (apt-get install libjemalloc2 libmimalloc2.0 "
+            "libtcmalloc-minimal4)"
+        )
     return lib

@@ -247,12 +247,10 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
     const mr_backend *backend = state->backend;
     /* The clock is read inside the released region: waiting to get the GIL back afterwards is
      * not the trim's cost. */
-    Py_BEGIN_ALLOW_THREADS
-    started = monotonic_seconds();
+    Py_BEGIN_ALLOW_THREADS started = monotonic_seconds();
     trim_err = backend->trim();
     seconds += monotonic_seconds() - started;
-    Py_END_ALLOW_THREADS
-    after_err = mr_statm_read(&state->statm, &after);
+    Py_END_ALLOW_THREADS after_err = mr_statm_read(&state->statm, &after);
 
     if (trim_err != 0) {
         errno = trim_err;
@@ -301,10 +299,11 @@ error:
 
 /* ---- rss ------------------------------------------------------------------------------------ */
 
-PyDoc_STRVAR(rss_doc, "rss() -> int\n\n"
-                      "Resident bytes of this process now (not the high-water mark that\n"
-                      "resource.getrusage reports). Cheap: one pread on a kept descriptor, reopened\n"
-                      "after fork(). Raises OSError when /proc/self/statm cannot be read.");
+PyDoc_STRVAR(rss_doc,
+             "rss() -> int\n\n"
+             "Resident bytes of this process now (not the high-water mark that\n"
+             "resource.getrusage reports). Cheap: one pread on a kept descriptor, reopened\n"
+             "after fork(). Raises OSError when /proc/self/statm cannot be read.");
 
 static PyObject *core_rss(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
@@ -329,10 +328,9 @@ static PyObject *build_heap_stats(core_state *state)
     raw.in_use = raw.free = raw.mapped = -1;
     raw.nfigures = 0;
     /* glibc's mallinfo2 walks every free chunk under the arena lock: release the GIL. */
-    Py_BEGIN_ALLOW_THREADS
-    err = backend->heap_stats(&raw);
-    Py_END_ALLOW_THREADS
-    if (err == ENOTSUP) {
+    Py_BEGIN_ALLOW_THREADS err = backend->heap_stats(&raw);
+    Py_END_ALLOW_THREADS if (err == ENOTSUP)
+    {
         PyErr_Format(state->unsupported_error, "the allocator %U offers no statistics interface",
                      state->allocator_name);
         return NULL;
@@ -473,7 +471,7 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_INCREF(state->allocator_name);
     PyStructSequence_SetItem(result, 8, state->allocator_name);
     PyStructSequence_SetItem(result, 9, heap);
-    int64_t figures[6] = {status.rss,      status.rss_anon, status.rss_file,
+    int64_t figures[6] = {status.rss,       status.rss_anon, status.rss_file,
                           status.rss_shmem, status.peak_rss, status.swap};
     if (set_ints(result, 0, figures, 6) < 0) {
         Py_DECREF(result);
@@ -572,10 +570,11 @@ static PyObject *core_set_arena_max(PyObject *module, PyObject *value)
     return set_mallopt(module, value, "set_arena_max", "n", MR_M_ARENA_MAX, 1, INT32_MAX);
 }
 
-PyDoc_STRVAR(malloc_info_doc, "malloc_info() -> str\n\n"
-                              "glibc's malloc_info(0, ...) XML: per-arena free-chunk histograms and\n"
-                              "totals. It locks each arena in turn; the GIL is released meanwhile.\n"
-                              "glibc only (UnsupportedAllocatorError otherwise).");
+PyDoc_STRVAR(malloc_info_doc,
+             "malloc_info() -> str\n\n"
+             "glibc's malloc_info(0, ...) XML: per-arena free-chunk histograms and\n"
+             "totals. It locks each arena in turn; the GIL is released meanwhile.\n"
+             "glibc only (UnsupportedAllocatorError otherwise).");
 
 static PyObject *core_malloc_info(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
@@ -588,10 +587,9 @@ static PyObject *core_malloc_info(PyObject *module, PyObject *Py_UNUSED(ignored)
     if (state->backend->kind != MR_ALLOC_GLIBC) {
         return raise_unsupported(state, "malloc_info");
     }
-    Py_BEGIN_ALLOW_THREADS
-    err = mr_glibc_malloc_info(&text, &size);
-    Py_END_ALLOW_THREADS
-    if (err == ENOTSUP) {
+    Py_BEGIN_ALLOW_THREADS err = mr_glibc_malloc_info(&text, &size);
+    Py_END_ALLOW_THREADS if (err == ENOTSUP)
+    {
         return raise_unsupported(state, "malloc_info");
     }
     if (err != 0) {

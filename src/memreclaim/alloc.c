@@ -120,7 +120,6 @@ static int glibc_heap_stats(mr_heap_stats *out)
         mi.smblks = (unsigned)old.smblks;
         mi.hblks = (unsigned)old.hblks;
         mi.hblkhd = (unsigned)old.hblkhd;
-        mi.usmblks = (unsigned)old.usmblks;
         mi.fsmblks = (unsigned)old.fsmblks;
         mi.uordblks = (unsigned)old.uordblks;
         mi.fordblks = (unsigned)old.fordblks;
@@ -218,9 +217,9 @@ static int tcmalloc_trim(void)
 static int tcmalloc_heap_stats(mr_heap_stats *out)
 {
     static const char *const names[] = {
-        "generic.current_allocated_bytes", "generic.heap_size", "tcmalloc.pageheap_free_bytes",
-        "tcmalloc.pageheap_unmapped_bytes", "tcmalloc.central_cache_free_bytes",
-        "tcmalloc.thread_cache_free_bytes"};
+        "generic.current_allocated_bytes",   "generic.heap_size",
+        "tcmalloc.pageheap_free_bytes",      "tcmalloc.pageheap_unmapped_bytes",
+        "tcmalloc.central_cache_free_bytes", "tcmalloc.thread_cache_free_bytes"};
     int64_t values[6];
     if (sym.tc_numeric_property == NULL) {
         return ENOTSUP;

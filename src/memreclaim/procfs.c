@@ -109,8 +109,7 @@ int mr_statm_read(mr_statm *statm, mr_rss_sample *out)
     const char *p = buf;
     const char *end = buf + n;
     uint64_t size, resident, shared;
-    if (parse_u64(&p, end, &size) || parse_u64(&p, end, &resident) ||
-        parse_u64(&p, end, &shared)) {
+    if (parse_u64(&p, end, &size) || parse_u64(&p, end, &resident) || parse_u64(&p, end, &shared)) {
         return EIO;
     }
     out->resident = (int64_t)resident * page_size;
