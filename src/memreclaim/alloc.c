@@ -21,9 +21,12 @@
 /* glibc's struct mallinfo2 (2.33+) and struct mallinfo, declared here so that the build does not
  * depend on the C library's headers. */
 struct mr_mallinfo2 {
+    /* usmblks is unused (always 0), but it is part of the layout. */
+    // cppcheck-suppress unusedStructMember
     size_t arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks, fordblks, keepcost;
 };
 struct mr_mallinfo {
+    // cppcheck-suppress unusedStructMember
     int arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks, fordblks, keepcost;
 };
 
