@@ -96,7 +96,10 @@ def test_pin_mmap_threshold_stops_the_seed004_climb(run_python: Any) -> None:
             buffers = []
             for _ in range(30):
                 buffers.append(bytearray(r.randint(1 << 20, 5 << 20)))
-                keep.append(bytes(r.randint(600, 2000)))  # small survivors interleaved
+                # Survivors interleaved with the buffers. 16-32 KB: larger than the holes that
+                # importing and compiling leave in the heap (they would swallow smaller ones and
+                # pin nothing), smaller than the pinned threshold (so they stay on the heap).
+                keep.append(bytes(r.randint(16_000, 32_000)))
             del buffers
             gc.collect()
         emit(growth=memreclaim.rss() - baseline)
@@ -104,7 +107,8 @@ def test_pin_mmap_threshold_stops_the_seed004_climb(run_python: Any) -> None:
     default = run_python(workload, params={"PIN": False})
     pinned = run_python(workload, params={"PIN": True})
     assert default["growth"] > 50 * MiB, default
-    assert pinned["growth"] < 0.25 * default["growth"], (default, pinned)
+    # The survivors themselves are ~14 MiB in both runs.
+    assert pinned["growth"] < 0.4 * default["growth"], (default, pinned)
 
 
 def test_trim_threshold_governs_the_top_of_the_heap(run_python: Any) -> None:
