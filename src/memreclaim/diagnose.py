@@ -113,7 +113,7 @@ class _Calibration:
     """tracemalloc's and the allocator's hidden costs, measured once per process (bytes)."""
 
     per_trace: float  # allocator bytes per live trace that get_tracemalloc_memory() omits
-    counted_per_trace: float  # bytes per live trace that get_tracemalloc_memory() counts
+    counted_per_trace: float  # bytes per trace entry that get_tracemalloc_memory() counts
     per_block: float  # allocator overhead (header, rounding) per malloc-backed block
 
 
@@ -141,14 +141,21 @@ def _calibrate() -> _Calibration:
     in_use0 = _in_use() or 0
     traced0 = tracemalloc.get_traced_memory()[0]
     own0 = tracemalloc.get_tracemalloc_memory()
+    steps: list[int] = []
+    mark = own0
     for i in range(count):
         holder[i] = object()
+        if i % 1000 == 999:
+            now = tracemalloc.get_tracemalloc_memory()
+            steps.append(now - mark)
+            mark = now
     in_use1 = _in_use() or 0
     traced1 = tracemalloc.get_traced_memory()[0]
     own1 = tracemalloc.get_tracemalloc_memory()
     small_in_malloc = 0 if _pymalloc_max() else traced1 - traced0
     per_trace = (in_use1 - in_use0 - (own1 - own0) - small_in_malloc) / count
-    counted = (own1 - own0) / count
+    # Per entry without hash-table resizes: the smallest step (a resize lands in one step).
+    counted = min(steps) / 1000 if steps else (own1 - own0) / count
     # Malloc-backed blocks of assorted sizes (600 B - 4 KiB), same number of traces.
     for i in range(count):
         holder[i] = bytes(600 + (i * 181) % 3500)
@@ -381,11 +388,14 @@ class Report:
         parts = []
         for name, value in sig.items():
             text = f"{_COMPONENT_LABELS[name]} {format_bytes(value)}"
+            extra = []
             if name in ("python_leak", "native_leak") and self.iterations > 1:
-                text += f" ({format_bytes(value // self.iterations)} per iteration)"
-            elif name == "native_leak" and self.traced_growth is not None:
-                text += f" (tracemalloc saw {format_bytes(max(self.traced_growth, 0))})"
-            elif name == "allocator_retention":
+                extra.append(f"{format_bytes(value // self.iterations)} per iteration")
+            if name == "native_leak" and self.traced_growth is not None:
+                extra.append(f"tracemalloc saw {format_bytes(max(self.traced_growth, 0))}")
+            if extra:
+                text += f" ({', '.join(extra)})"
+            if name == "allocator_retention":
                 text += " (given back by trim, not a leak)"
             elif name == "unreclaimed_retention":
                 text += " (" + self._pinned_text() + ")"
@@ -429,7 +439,7 @@ class Report:
             raw: int | None = getattr(self, name)
             shown = "unavailable" if raw is None else format_bytes(value)
             lines.append(f"  {label:<{width}}  {shown:>11}")
-        if self.one_time:
+        if self.one_time >= self.noise_floor:
             lines.append(
                 f"  {'one-time growth':<{width}}  {format_bytes(self.one_time):>11}"
                 "  (not repeated per iteration: caches, not counted as a leak)"
