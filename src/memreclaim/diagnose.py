@@ -403,6 +403,11 @@ class Report:
         return "; ".join(parts)
 
     def _pinned_text(self) -> str:
+        if self.native_leak is None:
+            return (
+                "not live in Python and not returned by trim: a native leak (undetectable with "
+                f"{self.allocator}), pinned pages or fragmentation"
+            )
         if self.survivors:
             return (
                 f"not live and not returned by trim: pymalloc arenas or heap pages pinned by "
@@ -561,7 +566,8 @@ def diagnose(
         )
         # tracemalloc's tables shrank from their peak: that freed memory is its, not the code's.
         shrunk = max(own_peak - end.tracemalloc_own, 0)
-        tm_freed = int(shrunk * (1 + cal.per_trace / cal.counted_per_trace)) if shrunk else 0
+        ratio = cal.per_trace / cal.counted_per_trace if cal.counted_per_trace > 0 else 0.0
+        tm_freed = int(shrunk * (1 + ratio))
         sites = _top_sites(tm_after, before._tracemalloc, top)
     else:
         notes.append(
