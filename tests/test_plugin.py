@@ -423,3 +423,32 @@ def test_notes_only_under_verbose(pytester: pytest.Pytester) -> None:
     verbose = pytester.runpytest("-p", "no:cacheprovider", "--memreclaim-note-threshold=0", "-v")
     verbose.assert_outcomes(passed=1)
     verbose.stdout.fnmatch_lines(["*memreclaim: retention notes*", "*::test_x: *"])
+
+
+@pytest.mark.timeout(180)
+def test_coexists_with_pytest_memray(pytester: pytest.Pytester) -> None:
+    if importlib.util.find_spec("pytest_memray") is None:
+        pytest.skip("pytest-memray not installed")
+    make(
+        pytester,
+        """
+        @pytest.mark.no_leak(limit="512 KiB", repeat=2)
+        def test_native():
+            p = libc.malloc(1 << 20)
+            ctypes.memset(p, 1, 1 << 20)
+
+        @pytest.mark.limit_memory("64 MB")
+        @pytest.mark.no_leak(limit="1 MiB")
+        def test_both_plugins_pass():
+            bytearray(1024 * 1024)
+        """,
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memray")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*memreclaim (@no_leak): leaked * per run, over the 512.0 KiB limit*",
+            "*verdict: native leak*",
+            "*Allocation results for test_work.py::test_both_plugins_pass*",
+        ]
+    )
