@@ -176,7 +176,7 @@ class _OwnPeak:
     """Samples tracemalloc's own memory in a daemon thread to catch its peak (its freed tables
     land in the allocator's free lists and would otherwise pass for the workload's retention)."""
 
-    def __init__(self, interval: float = 0.0005) -> None:
+    def __init__(self, interval: float = 0.001) -> None:
         self.peak = tracemalloc.get_tracemalloc_memory()
         self._interval = interval
         self._stop = threading.Event()
@@ -302,9 +302,11 @@ class AllocationSite:
     count: int
 
     def __str__(self) -> str:
-        return (
-            f"{self.filename}:{self.lineno}: +{format_bytes(self.size)} in {self.count:+d} blocks"
-        )
+        name = self.filename
+        cwd = os.getcwd() + os.sep
+        if name.startswith(cwd):  # shorter, and clickable from the working directory
+            name = name[len(cwd) :]
+        return f"{name}:{self.lineno}: +{format_bytes(self.size)} in {self.count:+d} blocks"
 
 
 @dataclass(frozen=True)
