@@ -293,3 +293,32 @@ def test_allocator_without_in_use_counter_reports_native_leak_unavailable() -> N
     assert r["native_leak"] is None
     assert any("native-leak detection is unavailable" in note for note in r["notes"])
     assert "unavailable" in r["text"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("lib", "name"),
+    [("libjemalloc.so.2", "jemalloc"), ("libtcmalloc_minimal.so.4", "tcmalloc")],
+)
+def test_other_allocators_tell_python_from_native(lib: str, name: str) -> None:
+    path = f"/usr/lib/x86_64-linux-gnu/{lib}"
+    if not os.path.exists(path):
+        pytest.skip(f"{lib} not installed")
+    env = dict(os.environ, LD_PRELOAD=path)
+    body = """
+        def native():
+            p = libc.malloc(1 << 20)
+            ctypes.memset(p, 1, 1 << 20)
+        native_report = measure(native, repeat=3, warmup=1)
+        assert native_report.kind == "native_leak", native_report.format()
+        assert native_report.native_leak > 0.8 * 3 * (1 << 20), native_report.format()
+        before = snapshot()
+        LEAK.extend({"n": i} for i in range(100_000))
+        LEAK.extend(b"x" * 1000 + bytes([i % 256]) for i in range(5_000))
+        report = diagnose(before)
+        """
+    r = run_report(body, env=env)
+    assert r["allocator"] == name
+    assert r["kind"] == "python_leak", r["text"]
+    # Size-class rounding of the Python allocations is not taken for a native leak.
+    assert r["native_leak"] < r["noise_floor"], r["text"]
