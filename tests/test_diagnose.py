@@ -322,3 +322,22 @@ def test_other_allocators_tell_python_from_native(lib: str, name: str) -> None:
     assert r["kind"] == "python_leak", r["text"]
     # Size-class rounding of the Python allocations is not taken for a native leak.
     assert r["native_leak"] < r["noise_floor"], r["text"]
+
+
+def test_abandoned_snapshot_stops_its_sampler() -> None:
+    import gc
+    import threading
+
+    tracemalloc.start()
+    try:
+        before = snapshot()
+        assert any(t.name == "memreclaim-sampler" for t in threading.enumerate())
+        del before
+        gc.collect()
+        for _ in range(200):
+            if not any(t.name == "memreclaim-sampler" for t in threading.enumerate()):
+                break
+            threading.Event().wait(0.01)
+        assert not any(t.name == "memreclaim-sampler" for t in threading.enumerate())
+    finally:
+        tracemalloc.stop()

@@ -191,6 +191,9 @@ class _OwnPeak:
                 return
             self.peak = max(self.peak, tracemalloc.get_tracemalloc_memory())
 
+    def cancel(self) -> None:
+        self._stop.set()
+
     def stop(self) -> int:
         if tracemalloc.is_tracing():
             self.peak = max(self.peak, tracemalloc.get_tracemalloc_memory())
@@ -234,6 +237,10 @@ class Snapshot:
     _ntraces: int = 0
     _sampler: _OwnPeak | None = field(default=None, repr=False)
     _used: bool = False
+
+    def __del__(self) -> None:
+        if self._sampler is not None:  # an abandoned snapshot must not leave its thread polling
+            self._sampler.cancel()
 
     def close(self) -> None:
         """Stop the sampler thread and tracemalloc if this snapshot started them (idempotent)."""
