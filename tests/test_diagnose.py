@@ -33,6 +33,12 @@ CACHE = {}
 """
 
 
+def _missing(lib: str) -> None:
+    if os.environ.get("MEMRECLAIM_REQUIRE_ALLOCATORS"):
+        pytest.fail(f"{lib} is missing but MEMRECLAIM_REQUIRE_ALLOCATORS is set")
+    pytest.skip(f"{lib} not installed")
+
+
 def run_report(body: str, *, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``body`` (which must bind ``report``) in a fresh interpreter; return its fields."""
     code = (
@@ -281,7 +287,7 @@ def test_allocator_without_in_use_counter_reports_native_leak_unavailable() -> N
     lib = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"
 
     if not os.path.exists(lib):
-        pytest.skip("libmimalloc2.0 not installed")
+        _missing(lib)
     env = dict(os.environ, LD_PRELOAD=lib)
     r = run_report(
         """
@@ -303,7 +309,7 @@ def test_allocator_without_in_use_counter_reports_native_leak_unavailable() -> N
 def test_other_allocators_tell_python_from_native(lib: str, name: str) -> None:
     path = f"/usr/lib/x86_64-linux-gnu/{lib}"
     if not os.path.exists(path):
-        pytest.skip(f"{lib} not installed")
+        _missing(path)
     env = dict(os.environ, LD_PRELOAD=path)
     body = """
         def native():

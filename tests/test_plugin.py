@@ -455,3 +455,12 @@ def test_coexists_with_pytest_memray(pytester: pytest.Pytester) -> None:
             "*Allocation results for test_work.py::test_both_plugins_pass*",
         ]
     )
+
+
+def test_plugin_is_declared_as_pytest11_entry_point() -> None:
+    # Without `[project.entry-points.pytest11] memreclaim = "memreclaim.pytest_plugin"` in
+    # pyproject.toml (and a reinstall), pytest never loads the plugin.
+    from importlib.metadata import entry_points
+
+    found = [ep.value for ep in entry_points(group="pytest11") if ep.name == "memreclaim"]
+    assert found == ["memreclaim.pytest_plugin"]
