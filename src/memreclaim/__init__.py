@@ -29,28 +29,36 @@ from ._core import (
     trim,
 )
 from ._version import __version__
+from .diagnose import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
 from .glibc import ArenaInfo, arenas, set_arena_max
 from .units import format_bytes, parse_bytes
 
 __all__ = [
     "MMAP_THRESHOLD_MAX",
+    "AllocationSite",
     "ArenaInfo",
     "HeapStats",
     "MemoryStats",
+    "Report",
+    "Snapshot",
     "TrimResult",
     "UnsupportedAllocatorError",
     "__version__",
     "allocator",
     "allocator_version",
+    "ameasure",
     "arenas",
+    "diagnose",
     "format_bytes",
     "heap_stats",
     "malloc_info",
+    "measure",
     "parse_bytes",
     "pin_mmap_threshold",
     "rss",
     "set_arena_max",
     "set_trim_threshold",
+    "snapshot",
     "stats",
     "trim",
     "trim_async",

@@ -1,0 +1,431 @@
+"""pytest plugin: fail a test that leaks, pass (and explain) one whose memory is only retained.
+
+Loaded automatically through the ``pytest11`` entry point ``memreclaim``. It provides
+
+* the ``memory`` fixture: ``with memory.check(leak="1 MiB"): work()`` for one run of a block,
+  ``memory.measure(work, repeat=5, warmup=1)`` (and ``await memory.ameasure(...)``) to judge
+  growth per iteration;
+* the markers ``@pytest.mark.no_leak(limit=..., repeat=..., warmup=...)`` (the test's steady
+  leak per run must stay under ``limit``) and ``@pytest.mark.reclaims(limit=...)`` (what a trim
+  cannot give back after the test -- leaks plus unreclaimed retention -- must stay under
+  ``limit``), on plain and async test functions;
+* ``--memreclaim-*`` options and ``memreclaim_*`` ini keys for the defaults.
+
+See docs/pytest-plugin.md. This is a face: it uses :mod:`memreclaim.diagnose` and the units.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from .diagnose import Report, Snapshot, ameasure, diagnose, measure, snapshot
+from .units import format_bytes, parse_bytes
+
+__all__ = ["LeakError", "MemoryFixture", "RetentionError"]
+
+_SECTION = "memreclaim"
+
+
+class LeakError(AssertionError):
+    """A measured block leaked more than its limit; the message is the full diagnosis."""
+
+
+class RetentionError(AssertionError):
+    """More memory than allowed stayed resident after a trim; the message is the diagnosis."""
+
+
+# ---- settings ---------------------------------------------------------------------------------
+
+_OPTIONS: dict[str, tuple[str, str]] = {
+    # name: (default, help)
+    "leak_limit": (
+        "1 MiB",
+        "default leak allowed per run for @no_leak and memory.check/measure (e.g. '1 MiB')",
+    ),
+    "retained_limit": (
+        "4 MiB",
+        "default for @reclaims: memory a trim may leave behind after the test (leaks + "
+        "unreclaimed retention)",
+    ),
+    "repeat": ("1", "default measured runs of a @no_leak/@reclaims test"),
+    "warmup": ("0", "default unmeasured warm-up runs before them"),
+    "noise_floor": ("256 KiB", "components under this size are reported as noise"),
+    "note_threshold": (
+        "10 MiB",
+        "under -v, print a one-line note for passing tests retaining at least this much",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class _Settings:
+    leak_limit: int
+    retained_limit: int
+    repeat: int
+    warmup: int
+    noise_floor: int
+    note_threshold: int
+
+
+_SETTINGS = pytest.StashKey[_Settings]()
+_RECORDS = pytest.StashKey[list["_Record"]]()
+
+
+@dataclass
+class _Record:
+    report: Report
+    source: str
+    failure: str | None = None
+    forced: bool = False
+
+
+def _count(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, str):
+        value = value.strip()
+        if not value.isdigit():
+            raise ValueError(f"{name} must be a whole number, got {value!r}")
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _size(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(
+            f"{name} must be a size in bytes or a string like '1 MiB', not {type(value).__name__}"
+        )
+    try:
+        return parse_bytes(value)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{name}: {exc}") from None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Register ``--memreclaim-*`` options and their ``memreclaim_*`` ini keys."""
+    group = parser.getgroup("memreclaim", "memory leaks vs allocator retention (memreclaim)")
+    for name, (default, text) in _OPTIONS.items():
+        flag = "--memreclaim-" + name.replace("_", "-")
+        group.addoption(flag, dest="memreclaim_" + name, default=None, help=text)
+        parser.addini("memreclaim_" + name, f"{text} (default {default!r})", default=default)
+
+
+def _read_settings(config: pytest.Config) -> _Settings:
+    values: dict[str, Any] = {}
+    for name in _OPTIONS:
+        raw = config.getoption("memreclaim_" + name)
+        where = "--memreclaim-" + name.replace("_", "-")
+        if raw is None:
+            raw = config.getini("memreclaim_" + name)
+            where = f"ini memreclaim_{name}"
+        try:
+            if name in ("repeat", "warmup"):
+                values[name] = _count(raw, where, 1 if name == "repeat" else 0)
+            else:
+                values[name] = _size(raw, where)
+        except (TypeError, ValueError) as exc:
+            raise pytest.UsageError(f"memreclaim: {exc}") from None
+    return _Settings(**values)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers and validate the options (junk -> a usage error)."""
+    config.addinivalue_line(
+        "markers",
+        "no_leak(limit=None, repeat=None, warmup=None, noise_floor=None): fail the test if its "
+        "steady leak (Python objects still referenced + native allocations never freed) exceeds "
+        "limit per run; runs the test warmup + repeat times. memreclaim.",
+    )
+    config.addinivalue_line(
+        "markers",
+        "reclaims(limit=None, repeat=None, warmup=None, noise_floor=None): fail the test if, "
+        "after it and a trim, more than limit of its memory stays resident (leaks + unreclaimed "
+        "retention); memory the trim gives back is fine. memreclaim.",
+    )
+    config.stash[_SETTINGS] = _read_settings(config)
+
+
+# ---- the fixture ------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckResult:
+    """What ``memory.check()`` yields; ``report`` is set when the block has finished."""
+
+    report: Report | None = None
+
+
+@dataclass
+class MemoryFixture:
+    """The ``memory`` fixture: measure blocks or callables, fail on leaks, record diagnoses."""
+
+    settings: _Settings
+    node: pytest.Item | None = None
+    records: list[_Record] = field(default_factory=list)
+
+    @property
+    def last(self) -> Report | None:
+        """The most recent report of this test, if any."""
+        return self.records[-1].report if self.records else None
+
+    def _limits(
+        self, leak: int | str | None, retained: int | str | None, noise_floor: int | str | None
+    ) -> tuple[int, int | None, int]:
+        leak_limit = self.settings.leak_limit if leak is None else _size(leak, "leak")
+        retained_limit = None if retained is None else _size(retained, "retained")
+        floor = self.settings.noise_floor if noise_floor is None else _size(noise_floor, "floor")
+        return leak_limit, retained_limit, floor
+
+    def _judge(self, report: Report, leak: int, retained: int | None, source: str) -> None:
+        failure = _failure(report, leak, retained)
+        record = _Record(report, source, failure)
+        self.records.append(record)
+        if self.node is not None:
+            self.node.stash.setdefault(_RECORDS, []).append(record)
+        if failure is not None:
+            error = LeakError if failure.startswith("leak") else RetentionError
+            raise error(f"memreclaim: {failure}\n{report.format()}")
+
+    @contextmanager
+    def check(
+        self,
+        leak: int | str | None = None,
+        retained: int | str | None = None,
+        *,
+        noise_floor: int | str | None = None,
+    ) -> Iterator[CheckResult]:
+        """Measure one run of the ``with`` block and fail on a leak over ``leak`` bytes.
+
+        ``retained`` (optional) also fails when more than that stays resident after a trim
+        (leaks + unreclaimed retention). Sizes are bytes or strings like ``"1 MiB"``; bad ones
+        raise TypeError/ValueError before the block runs. A block cannot be re-run: for repeat
+        mode use :meth:`measure`. Raises :class:`LeakError` / :class:`RetentionError`.
+        """
+        leak_limit, retained_limit, floor = self._limits(leak, retained, noise_floor)
+        result = CheckResult()
+        before = snapshot()
+        try:
+            yield result
+        except BaseException:
+            before.close()
+            raise
+        result.report = diagnose(before, noise_floor=floor)
+        self._judge(result.report, leak_limit, retained_limit, "memory.check()")
+
+    def measure(
+        self,
+        workload: Callable[[], object],
+        *,
+        repeat: int = 5,
+        warmup: int = 1,
+        leak: int | str | None = None,
+        retained: int | str | None = None,
+        noise_floor: int | str | None = None,
+    ) -> Report:
+        """Run ``workload`` ``warmup`` + ``repeat`` times, judge the steady leak per run.
+
+        Returns the :class:`~memreclaim.diagnose.Report`; raises :class:`LeakError` when the
+        leak per run exceeds ``leak`` and :class:`RetentionError` when ``retained`` is given and
+        exceeded. Bad arguments raise TypeError/ValueError before anything runs.
+        """
+        leak_limit, retained_limit, floor = self._limits(leak, retained, noise_floor)
+        report = measure(workload, repeat=repeat, warmup=warmup, noise_floor=floor)
+        self._judge(report, leak_limit, retained_limit, "memory.measure()")
+        return report
+
+    async def ameasure(
+        self,
+        workload: Callable[[], Awaitable[object]],
+        *,
+        repeat: int = 5,
+        warmup: int = 1,
+        leak: int | str | None = None,
+        retained: int | str | None = None,
+        noise_floor: int | str | None = None,
+    ) -> Report:
+        """:meth:`measure` for a coroutine function (``await workload()`` per run)."""
+        leak_limit, retained_limit, floor = self._limits(leak, retained, noise_floor)
+        report = await ameasure(workload, repeat=repeat, warmup=warmup, noise_floor=floor)
+        self._judge(report, leak_limit, retained_limit, "memory.ameasure()")
+        return report
+
+
+def _failure(report: Report, leak: int | None, retained: int | None) -> str | None:
+    if leak is not None and report.leak_per_iteration > leak:
+        per = " per run" if report.iterations > 1 else ""
+        return (
+            f"leaked {format_bytes(report.leak_per_iteration)}{per}, over the "
+            f"{format_bytes(leak)} limit"
+        )
+    if retained is not None and report.retained > retained:
+        return (
+            f"{format_bytes(report.retained)} stayed resident after trim, over the "
+            f"{format_bytes(retained)} limit for @reclaims/retained"
+        )
+    return None
+
+
+@pytest.fixture
+def memory(request: pytest.FixtureRequest) -> Generator[MemoryFixture, None, None]:
+    """Measure memory in a test: ``with memory.check(leak="1 MiB"): work()``,
+    ``memory.measure(work, repeat=5, warmup=1)``; see :class:`MemoryFixture`."""
+    node = request.node if isinstance(request.node, pytest.Item) else None
+    yield MemoryFixture(request.config.stash[_SETTINGS], node)
+
+
+# ---- the markers ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _MarkerSpec:
+    leak: int | None
+    retained: int | None
+    repeat: int
+    warmup: int
+    noise_floor: int
+
+
+_SPEC = pytest.StashKey[_MarkerSpec]()
+_KWARGS = ("limit", "repeat", "warmup", "noise_floor")
+
+
+def _marker_spec(item: pytest.Item, settings: _Settings) -> _MarkerSpec | None:
+    no_leak = item.get_closest_marker("no_leak")
+    reclaims = item.get_closest_marker("reclaims")
+    if no_leak is None and reclaims is None:
+        return None
+    leak = retained = None
+    repeat, warmup, floor = settings.repeat, settings.warmup, settings.noise_floor
+    for mark in (reclaims, no_leak):  # no_leak's repeat/warmup win when both are given
+        if mark is None:
+            continue
+        where = f"@pytest.mark.{mark.name}"
+        if len(mark.args) > 1:
+            raise TypeError(f"{where} takes at most one positional argument (limit)")
+        unknown = set(mark.kwargs) - set(_KWARGS)
+        if unknown:
+            raise TypeError(f"{where}: unknown argument(s) {sorted(unknown)}; use {_KWARGS}")
+        kwargs = dict(mark.kwargs)
+        if mark.args:
+            kwargs["limit"] = mark.args[0]
+        default = settings.leak_limit if mark.name == "no_leak" else settings.retained_limit
+        limit = default if kwargs.get("limit") is None else _size(kwargs["limit"], "limit")
+        if mark.name == "no_leak":
+            leak = limit
+        else:
+            retained = limit
+        if kwargs.get("repeat") is not None:
+            repeat = _count(kwargs["repeat"], "repeat", 1)
+        if kwargs.get("warmup") is not None:
+            warmup = _count(kwargs["warmup"], "warmup", 0)
+        if kwargs.get("noise_floor") is not None:
+            floor = _size(kwargs["noise_floor"], "noise_floor")
+    return _MarkerSpec(leak, retained, repeat, warmup, floor)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Validate the markers before the test runs: bad arguments are a usage error."""
+    problem = None
+    try:
+        spec = _marker_spec(item, item.config.stash[_SETTINGS])
+    except (TypeError, ValueError) as exc:
+        problem, spec = str(exc), None
+    if problem is not None:
+        pytest.fail(f"memreclaim usage error: {problem}", pytrace=False)
+    if spec is not None:
+        item.stash[_SPEC] = spec
+
+
+def _call_again(item: pytest.Function) -> None:
+    """Run the test function once more, outside the hook chain (warm-up and extra runs)."""
+    args = {name: item.funcargs[name] for name in item._fixtureinfo.argnames}
+    result = item.obj(**args)
+    if inspect.isawaitable(result):  # an async test no plugin turned into a sync one
+        if inspect.iscoroutine(result):
+            result.close()
+        pytest.fail("memreclaim: repeat/warmup on an async test needs pytest-asyncio")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+    """Around a marked test: warm-up runs, a snapshot, the measured runs, the diagnosis."""
+    spec = pyfuncitem.stash.get(_SPEC, None)
+    if spec is None:
+        return (yield)
+    for _ in range(spec.warmup):
+        _call_again(pyfuncitem)
+    before: Snapshot = snapshot()
+    before.warmup = spec.warmup
+    try:
+        for _ in range(spec.repeat - 1):
+            _call_again(pyfuncitem)
+            before.checkpoint()
+        result = yield
+        before.checkpoint()
+    except BaseException:
+        before.close()
+        raise
+    report = diagnose(before, iterations=spec.repeat, noise_floor=spec.noise_floor)
+    marks = " + ".join(
+        f"@{name}" for name in ("no_leak", "reclaims") if pyfuncitem.get_closest_marker(name)
+    )
+    record = _Record(report, marks, _failure(report, spec.leak, spec.retained), forced=True)
+    pyfuncitem.stash.setdefault(_RECORDS, []).append(record)
+    return result
+
+
+# ---- reporting --------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Attach diagnoses as a ``memreclaim`` section; fail marked tests that leaked."""
+    report = yield
+    records = item.stash.get(_RECORDS, None)
+    if not records or report.when != "call":
+        return report
+    settings = item.config.stash[_SETTINGS]
+    for record in records:
+        if not (record.failure is not None and not record.forced):  # else: in the error message
+            title = f"{_SECTION}: {record.source}"
+            report.sections.append((title, record.report.format()))
+        if record.failure is not None and record.forced and report.passed:
+            report.outcome = "failed"
+            report.longrepr = (
+                f"memreclaim ({record.source}): {record.failure}\n"
+                f"verdict: {record.report.verdict}\n"
+                f"(the diagnosis is in the '{_SECTION}: {record.source}' section below)"
+            )
+        elif record.failure is None:
+            kept = record.report.allocator_retention + record.report.unreclaimed_retention
+            if kept >= settings.note_threshold:
+                note = f"{item.nodeid}: {record.report.verdict}"
+                report.user_properties.append(("memreclaim_note", note))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Under -v, one line per passing test that retained notable memory (xdist workers' reports
+    carry the notes in ``user_properties``)."""
+    if config.get_verbosity() < 1:
+        return
+    notes: dict[str, None] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for key, value in getattr(report, "user_properties", ()):
+                if key == "memreclaim_note":
+                    notes[str(value)] = None
+    if notes:
+        terminalreporter.section("memreclaim: retention notes")
+        for note in notes:
+            terminalreporter.write_line(note)
