@@ -1,4 +1,4 @@
-"""Tests of the diagnosis engine (memreclaim.diagnose).
+"""Tests of the diagnosis engine (memreclaim.diagnosis).
 
 Workloads that move process memory run in a fresh interpreter each (``sys.executable``), which
 prints the report as JSON; assertions compare components with ratios of the same run's figures.
@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from memreclaim.diagnose import Report, Snapshot, ameasure, diagnose, measure, snapshot
+from memreclaim.diagnosis import Report, Snapshot, ameasure, diagnose, measure, snapshot
 
 MiB = 1024 * 1024
 
 _HARNESS = """
 import ctypes, dataclasses, gc, json, random, sys
-from memreclaim.diagnose import diagnose, measure, snapshot
+from memreclaim.diagnosis import diagnose, measure, snapshot
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]

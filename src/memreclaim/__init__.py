@@ -29,7 +29,7 @@ from ._core import (
     trim,
 )
 from ._version import __version__
-from .diagnose import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
+from .diagnosis import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
 from .glibc import ArenaInfo, arenas, set_arena_max
 from .units import format_bytes, parse_bytes
 

@@ -11,7 +11,7 @@ Loaded automatically through the ``pytest11`` entry point ``memreclaim``. It pro
   ``limit``), on plain and async test functions;
 * ``--memreclaim-*`` options and ``memreclaim_*`` ini keys for the defaults.
 
-See docs/pytest-plugin.md. This is a face: it uses :mod:`memreclaim.diagnose` and the units.
+See docs/pytest-plugin.md. This is a face: it uses :mod:`memreclaim.diagnosis` and the units.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from .diagnose import Report, Snapshot, ameasure, diagnose, measure, snapshot
+from .diagnosis import Report, Snapshot, ameasure, diagnose, measure, snapshot
 from .units import format_bytes, parse_bytes
 
 __all__ = ["LeakError", "MemoryFixture", "RetentionError"]
@@ -232,7 +232,7 @@ class MemoryFixture:
     ) -> Report:
         """Run ``workload`` ``warmup`` + ``repeat`` times, judge the steady leak per run.
 
-        Returns the :class:`~memreclaim.diagnose.Report`; raises :class:`LeakError` when the
+        Returns the :class:`~memreclaim.diagnosis.Report`; raises :class:`LeakError` when the
         leak per run exceeds ``leak`` and :class:`RetentionError` when ``retained`` is given and
         exceeded. Bad arguments raise TypeError/ValueError before anything runs.
         """
