@@ -1031,12 +1031,27 @@ static int mrp_reclaim_core(Py_ssize_t budget, mrp_pass *pass)
     return 0;
 }
 
-static PyObject *mrp_reclaim(PyObject *module, PyObject *args, PyObject *kwargs)
+/* METH_FASTCALL: no argument tuple is built, so a call allocates nothing that outlives it. */
+static PyObject *mrp_reclaim(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames)
 {
-    static char *keywords[] = {"budget_arenas", NULL};
     PyObject *budget_arg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:reclaim", keywords, &budget_arg)) {
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw > 1) {
+        PyErr_Format(PyExc_TypeError, "reclaim() takes at most 1 argument (%zd given)",
+                     nargs + nkw);
         return NULL;
+    }
+    if (nargs == 1) {
+        budget_arg = args[0];
+    } else if (nkw == 1) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, 0);
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, "budget_arenas")) {
+            PyErr_Format(PyExc_TypeError, "reclaim() got an unexpected keyword argument '%S'",
+                         name);
+            return NULL;
+        }
+        budget_arg = args[0];
     }
     Py_ssize_t budget;
     if (mrp_parse_budget(budget_arg, &budget) < 0) {
@@ -1173,7 +1188,7 @@ PyDoc_STRVAR(mrp_status_doc, "status()\n--\n\n"
 
 static PyMethodDef mrp_methods[] = {
     {"enable", mrp_enable, METH_NOARGS, mrp_enable_doc},
-    {"reclaim", (PyCFunction)(void (*)(void))mrp_reclaim, METH_VARARGS | METH_KEYWORDS,
+    {"reclaim", (PyCFunction)(void (*)(void))mrp_reclaim, METH_FASTCALL | METH_KEYWORDS,
      mrp_reclaim_doc},
     {"status", mrp_status, METH_NOARGS, mrp_status_doc},
     {NULL, NULL, 0, NULL},
