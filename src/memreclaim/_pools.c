@@ -1297,6 +1297,10 @@ static void mrp_free(void *module)
 
 static PyModuleDef_Slot mrp_slots[] = {
     {Py_mod_exec, mrp_exec},
+#ifdef Py_GIL_DISABLED
+    /* Free-threaded builds: enable() always refuses, nothing here needs the GIL. */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
     {0, NULL},
 };
 
