@@ -2,11 +2,12 @@
  *
  * Layers (see docs/architecture.md):
  *   _core.c   module glue: method table, module state, result types, argument checks
- *   procfs.c  RSS readers (/proc/self/statm through a kept descriptor, /proc/self/status), fork-aware
- *   alloc.c   allocator detection and one backend per allocator behind a table of function pointers
+ *   procfs.c  RSS readers (/proc/self/statm through a kept descriptor, /proc/self/status),
+ * fork-aware alloc.c   allocator detection and one backend per allocator behind a table of function
+ * pointers
  *
- * procfs.c and alloc.c never touch Python objects: they return raw numbers (bytes) and errno values,
- * so they may run with the GIL released. Only _core.c speaks Python.
+ * procfs.c and alloc.c never touch Python objects: they return raw numbers (bytes) and errno
+ * values, so they may run with the GIL released. Only _core.c speaks Python.
  */
 #ifndef MEMRECLAIM_H
 #define MEMRECLAIM_H
@@ -37,8 +38,8 @@
 /* A kept descriptor on /proc/self/statm. The descriptor names the process that opened it, so it
  * is reopened when the fork generation changes (a child must read its own figures). */
 typedef struct {
-    int fd;                    /* -1 when not open */
-    unsigned long generation;  /* mr_fork_generation() when fd was opened */
+    int fd;                   /* -1 when not open */
+    unsigned long generation; /* mr_fork_generation() when fd was opened */
 } mr_statm;
 
 typedef struct {

@@ -1,0 +1,728 @@
+/* memreclaim._core: module glue.
+ *
+ * Method table, module state, result types (PyStructSequence) and argument checks. The work is
+ * done by procfs.c (RSS) and alloc.c (the allocator backends), which never touch Python objects.
+ * Built against the limited API (abi3, floor 3.10).
+ */
+#include "memreclaim.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    PyTypeObject *trim_result_type;
+    PyTypeObject *memory_stats_type;
+    PyTypeObject *heap_stats_type;
+    PyObject *unsupported_error; /* memreclaim.UnsupportedAllocatorError */
+    PyObject *allocator_name;    /* str */
+    const mr_backend *backend;
+    const mr_pools_capi *pools; /* resolved on the first trim(pools=True) */
+    mr_statm statm;
+    int statm_ready; /* set by exec: a zeroed state has fd 0, which is not ours */
+} core_state;
+
+static inline core_state *get_state(PyObject *module)
+{
+    return (core_state *)PyModule_GetState(module);
+}
+
+/* ---- result types --------------------------------------------------------------------------- */
+
+static PyStructSequence_Field trim_result_fields[] = {
+    {"released", "bytes given back: anonymous RSS before minus after, never negative "
+                 "(None if /proc could not be read)"},
+    {"rss_before", "resident bytes before the trim (None if /proc could not be read)"},
+    {"rss_after", "resident bytes after the trim (None if /proc could not be read)"},
+    {"anon_before", "anonymous resident bytes before the trim (None if unreadable)"},
+    {"anon_after", "anonymous resident bytes after the trim (None if unreadable)"},
+    {"seconds", "wall-clock seconds the trim took"},
+    {"allocator", "the allocator serving malloc: glibc, jemalloc, mimalloc, tcmalloc or unknown"},
+    {"method", "the call that was made, or 'none' when the allocator has no purge call"},
+    {"pools_released", "empty pymalloc pools given back (0 unless pools=True)"},
+    {"pools_bytes", "bytes given back from empty pymalloc pools (0 unless pools=True)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc trim_result_desc = {
+    "memreclaim.TrimResult",
+    "The outcome of trim(): what was given back to the kernel, measured from RSS.",
+    trim_result_fields,
+    10,
+};
+
+static PyStructSequence_Field memory_stats_fields[] = {
+    {"rss", "resident bytes (VmRSS)"},
+    {"rss_anon", "anonymous resident bytes (RssAnon): the heap lives here"},
+    {"rss_file", "file-backed resident bytes (RssFile)"},
+    {"rss_shmem", "shared-memory resident bytes (RssShmem)"},
+    {"peak_rss", "the high-water mark of resident bytes (VmHWM); it never falls"},
+    {"swap", "swapped-out bytes (VmSwap)"},
+    {"traced_current", "bytes traced by tracemalloc now, or None when it is not tracing"},
+    {"traced_peak", "peak bytes traced by tracemalloc, or None when it is not tracing"},
+    {"allocator", "the allocator serving malloc"},
+    {"heap", "HeapStats when stats(heap=True) was asked, else None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc memory_stats_desc = {
+    "memreclaim.MemoryStats",
+    "A breakdown of this process's memory: RSS from /proc/self/status, tracemalloc's totals, and "
+    "optionally the allocator's own figures.",
+    memory_stats_fields,
+    10,
+};
+
+static PyStructSequence_Field heap_stats_fields[] = {
+    {"allocator", "the allocator these figures come from"},
+    {"in_use", "bytes handed out to the program, or None when the allocator does not say"},
+    {"free", "bytes held by the allocator but not handed out, or None"},
+    {"mapped", "bytes the allocator obtained from the kernel, or None"},
+    {"figures", "dict of the allocator's own figures under its own names"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc heap_stats_desc = {
+    "memreclaim.HeapStats",
+    "The allocator's own figures (glibc mallinfo2, jemalloc stats.*, mimalloc mi_process_info, "
+    "tcmalloc numeric properties).",
+    heap_stats_fields,
+    5,
+};
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static PyObject *int_or_none(int64_t value)
+{
+    if (value < 0) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromLongLong((long long)value);
+}
+
+/* Fill slots [first, first + count) of a struct sequence from `values`; steals nothing. Returns
+ * -1 with an exception set. */
+static int set_ints(PyObject *result, Py_ssize_t first, const int64_t *values, Py_ssize_t count)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = int_or_none(values[i]);
+        if (item == NULL) {
+            return -1;
+        }
+        PyStructSequence_SetItem(result, first + i, item);
+    }
+    return 0;
+}
+
+static double monotonic_seconds(void)
+{
+    struct timespec ts;
+    (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* OSError with errno, filename naming the /proc file we could not read. */
+static PyObject *raise_proc_error(int err, const char *path)
+{
+    PyObject *args = Py_BuildValue("(iss)", err, strerror(err), path);
+    if (args != NULL) {
+        PyErr_SetObject(PyExc_OSError, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+static PyObject *raise_unsupported(core_state *state, const char *function)
+{
+    PyErr_Format(state->unsupported_error,
+                 "%s() needs glibc's malloc, but this process's malloc is served by %U", function,
+                 state->allocator_name);
+    return NULL;
+}
+
+/* Keyword-only boolean flag: True/False only, so a typo like heap="no" is a TypeError. */
+static int parse_flag(PyObject *value, const char *name, int *out)
+{
+    if (value == NULL) {
+        *out = 0;
+        return 0;
+    }
+    if (!PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be True or False, not %R", name,
+                     (PyObject *)Py_TYPE(value));
+        return -1;
+    }
+    *out = value == Py_True;
+    return 0;
+}
+
+/* An int argument in [min, max]: TypeError for non-ints (bool included), ValueError or
+ * OverflowError naming the accepted range. */
+static int parse_bounded_int(PyObject *value, const char *name, long long min, long long max,
+                             long long *out)
+{
+    int overflow = 0;
+    long long v;
+    if (!PyLong_Check(value) || PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %R", name,
+                     (PyObject *)Py_TYPE(value));
+        return -1;
+    }
+    v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow != 0) {
+        PyErr_Format(PyExc_OverflowError, "%s must be between %lld and %lld, got %R", name, min,
+                     max, value);
+        return -1;
+    }
+    if (v < min || v > max) {
+        PyErr_Format(PyExc_ValueError, "%s must be between %lld and %lld, got %lld", name, min, max,
+                     v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static const mr_pools_capi *get_pools(core_state *state)
+{
+    if (state->pools == NULL) {
+        const mr_pools_capi *capi = (const mr_pools_capi *)PyCapsule_Import(MR_POOLS_CAPSULE, 0);
+        if (capi == NULL) {
+            return NULL;
+        }
+        if (capi->version != MR_POOLS_CAPI_VERSION) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "memreclaim._pools speaks C API version %d, _core expects %d: "
+                         "reinstall memreclaim",
+                         capi->version, MR_POOLS_CAPI_VERSION);
+            return NULL;
+        }
+        state->pools = capi;
+    }
+    return state->pools;
+}
+
+/* ---- trim ----------------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(trim_doc, "trim(*, pools=False) -> TrimResult\n\n"
+                       "Give free memory back to the kernel with the live allocator's own call\n"
+                       "(glibc malloc_trim(0), jemalloc arena purge, mimalloc mi_collect(true),\n"
+                       "tcmalloc ReleaseFreeMemory; nothing for an unknown allocator). The GIL is\n"
+                       "released during that call. With pools=True, empty pymalloc pools are\n"
+                       "given back first (needs memreclaim.enable_pool_reclaim()).");
+
+static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"pools", NULL};
+    core_state *state = get_state(module);
+    PyObject *pools_arg = NULL;
+    const mr_pools_capi *pools = NULL;
+    mr_pools_result pools_result = {0, 0};
+    mr_rss_sample before, after;
+    int with_pools, before_err, after_err, trim_err;
+    double started, seconds;
+    PyObject *result;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$O:trim", keywords, &pools_arg) ||
+        parse_flag(pools_arg, "pools", &with_pools) < 0) {
+        return NULL;
+    }
+    if (with_pools && (pools = get_pools(state)) == NULL) {
+        return NULL;
+    }
+
+    /* The statm reads keep the GIL: they take about a microsecond, and the GIL serialises use
+     * of the kept descriptor in the module state. */
+    before_err = mr_statm_read(&state->statm, &before);
+    /* Pool reclaim walks pymalloc's structures: it needs the GIL held. */
+    started = monotonic_seconds();
+    if (pools != NULL && pools->reclaim(&pools_result) < 0) {
+        return NULL;
+    }
+    seconds = monotonic_seconds() - started;
+    const mr_backend *backend = state->backend;
+    /* The clock is read inside the released region: waiting to get the GIL back afterwards is
+     * not the trim's cost. */
+    Py_BEGIN_ALLOW_THREADS started = monotonic_seconds();
+    trim_err = backend->trim();
+    seconds += monotonic_seconds() - started;
+    Py_END_ALLOW_THREADS after_err = mr_statm_read(&state->statm, &after);
+
+    if (trim_err != 0) {
+        errno = trim_err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    result = PyStructSequence_New(state->trim_result_type);
+    if (result == NULL) {
+        return NULL;
+    }
+    int64_t measured[5] = {-1, -1, -1, -1, -1};
+    if (before_err == 0 && after_err == 0) {
+        measured[0] = before.anon > after.anon ? before.anon - after.anon : 0;
+    }
+    if (before_err == 0) {
+        measured[1] = before.resident;
+        measured[3] = before.anon;
+    }
+    if (after_err == 0) {
+        measured[2] = after.resident;
+        measured[4] = after.anon;
+    }
+    if (set_ints(result, 0, measured, 5) < 0) {
+        goto error;
+    }
+    PyObject *item = PyFloat_FromDouble(seconds);
+    if (item == NULL) {
+        goto error;
+    }
+    PyStructSequence_SetItem(result, 5, item);
+    Py_INCREF(state->allocator_name);
+    PyStructSequence_SetItem(result, 6, state->allocator_name);
+    item = PyUnicode_FromString(backend->trim_method);
+    if (item == NULL) {
+        goto error;
+    }
+    PyStructSequence_SetItem(result, 7, item);
+    int64_t pool_figures[2] = {pools_result.pools_released, pools_result.bytes_released};
+    if (set_ints(result, 8, pool_figures, 2) < 0) {
+        goto error;
+    }
+    return result;
+error:
+    Py_DECREF(result);
+    return NULL;
+}
+
+/* ---- rss ------------------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(rss_doc,
+             "rss() -> int\n\n"
+             "Resident bytes of this process now (not the high-water mark that\n"
+             "resource.getrusage reports). Cheap: one pread on a kept descriptor, reopened\n"
+             "after fork(). Raises OSError when /proc/self/statm cannot be read.");
+
+static PyObject *core_rss(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    mr_rss_sample sample;
+    /* GIL kept: a pread of a few bytes, shorter than a release/acquire pair. */
+    int err = mr_statm_read(&get_state(module)->statm, &sample);
+    if (err != 0) {
+        return raise_proc_error(err, "/proc/self/statm");
+    }
+    return PyLong_FromLongLong((long long)sample.resident);
+}
+
+/* ---- heap stats ----------------------------------------------------------------------------- */
+
+static PyObject *build_heap_stats(core_state *state)
+{
+    mr_heap_stats raw;
+    int err;
+    PyObject *result, *figures;
+    const mr_backend *backend = state->backend;
+
+    raw.in_use = raw.free = raw.mapped = -1;
+    raw.nfigures = 0;
+    /* glibc's mallinfo2 walks every free chunk under the arena lock: release the GIL. */
+    Py_BEGIN_ALLOW_THREADS err = backend->heap_stats(&raw);
+    Py_END_ALLOW_THREADS if (err == ENOTSUP)
+    {
+        PyErr_Format(state->unsupported_error, "the allocator %U offers no statistics interface",
+                     state->allocator_name);
+        return NULL;
+    }
+    if (err != 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    figures = PyDict_New();
+    if (figures == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < raw.nfigures; i++) {
+        PyObject *value = PyLong_FromLongLong((long long)raw.figures[i].value);
+        if (value == NULL || PyDict_SetItemString(figures, raw.figures[i].name, value) < 0) {
+            Py_XDECREF(value);
+            Py_DECREF(figures);
+            return NULL;
+        }
+        Py_DECREF(value);
+    }
+    result = PyStructSequence_New(state->heap_stats_type);
+    if (result == NULL) {
+        Py_DECREF(figures);
+        return NULL;
+    }
+    Py_INCREF(state->allocator_name);
+    PyStructSequence_SetItem(result, 0, state->allocator_name);
+    PyStructSequence_SetItem(result, 4, figures);
+    int64_t totals[3] = {raw.in_use, raw.free, raw.mapped};
+    if (set_ints(result, 1, totals, 3) < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+PyDoc_STRVAR(heap_stats_doc,
+             "heap_stats() -> HeapStats\n\n"
+             "The allocator's own figures. On glibc this calls mallinfo2(), which walks every\n"
+             "free chunk under the arena lock (milliseconds on a fragmented heap): keep it off\n"
+             "hot paths. Raises UnsupportedAllocatorError when the allocator has no statistics.");
+
+static PyObject *core_heap_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return build_heap_stats(get_state(module));
+}
+
+/* ---- stats ---------------------------------------------------------------------------------- */
+
+/* (current, peak) traced by tracemalloc, or None for both when it is not tracing. */
+static int traced_memory(PyObject **current, PyObject **peak)
+{
+    PyObject *tracemalloc, *tracing, *pair;
+    *current = *peak = NULL;
+    tracemalloc = PyImport_ImportModule("_tracemalloc");
+    if (tracemalloc == NULL) {
+        return -1;
+    }
+    tracing = PyObject_CallMethod(tracemalloc, "is_tracing", NULL);
+    if (tracing == NULL) {
+        Py_DECREF(tracemalloc);
+        return -1;
+    }
+    if (tracing != Py_True) {
+        Py_DECREF(tracing);
+        Py_DECREF(tracemalloc);
+        Py_INCREF(Py_None);
+        Py_INCREF(Py_None);
+        *current = *peak = Py_None;
+        return 0;
+    }
+    Py_DECREF(tracing);
+    pair = PyObject_CallMethod(tracemalloc, "get_traced_memory", NULL);
+    Py_DECREF(tracemalloc);
+    if (pair == NULL) {
+        return -1;
+    }
+    if (!PyTuple_Check(pair) || PyTuple_Size(pair) != 2) {
+        Py_DECREF(pair);
+        PyErr_SetString(PyExc_RuntimeError, "tracemalloc.get_traced_memory() returned no pair");
+        return -1;
+    }
+    *current = PyTuple_GetItem(pair, 0);
+    *peak = PyTuple_GetItem(pair, 1);
+    Py_INCREF(*current);
+    Py_INCREF(*peak);
+    Py_DECREF(pair);
+    return 0;
+}
+
+PyDoc_STRVAR(stats_doc,
+             "stats(*, heap=False) -> MemoryStats\n\n"
+             "RSS broken down from /proc/self/status, tracemalloc's traced totals (None when\n"
+             "not tracing) and the allocator's name. heap=True adds the allocator's own figures\n"
+             "(see heap_stats(); on glibc that walks the heap). Raises OSError when\n"
+             "/proc/self/status cannot be read.");
+
+static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"heap", NULL};
+    core_state *state = get_state(module);
+    PyObject *heap_arg = NULL, *heap = NULL, *current = NULL, *peak = NULL, *result;
+    mr_status status;
+    int with_heap, err;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$O:stats", keywords, &heap_arg) ||
+        parse_flag(heap_arg, "heap", &with_heap) < 0) {
+        return NULL;
+    }
+    err = mr_status_read(&status);
+    if (err != 0) {
+        return raise_proc_error(err, "/proc/self/status");
+    }
+    if (with_heap) {
+        heap = build_heap_stats(state);
+        if (heap == NULL) {
+            return NULL;
+        }
+    } else {
+        Py_INCREF(Py_None);
+        heap = Py_None;
+    }
+    if (traced_memory(&current, &peak) < 0) {
+        Py_DECREF(heap);
+        return NULL;
+    }
+    result = PyStructSequence_New(state->memory_stats_type);
+    if (result == NULL) {
+        Py_DECREF(heap);
+        Py_DECREF(current);
+        Py_DECREF(peak);
+        return NULL;
+    }
+    /* The struct sequence owns these from here on, and frees them with itself. */
+    PyStructSequence_SetItem(result, 6, current);
+    PyStructSequence_SetItem(result, 7, peak);
+    Py_INCREF(state->allocator_name);
+    PyStructSequence_SetItem(result, 8, state->allocator_name);
+    PyStructSequence_SetItem(result, 9, heap);
+    int64_t figures[6] = {status.rss,       status.rss_anon, status.rss_file,
+                          status.rss_shmem, status.peak_rss, status.swap};
+    if (set_ints(result, 0, figures, 6) < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+/* ---- allocator ------------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(allocator_doc, "allocator() -> str\n\n"
+                            "Which allocator serves malloc in this process: 'glibc', 'jemalloc',\n"
+                            "'mimalloc', 'tcmalloc', or 'unknown' (musl, or an LD_PRELOADed\n"
+                            "allocator with no purge interface we know).");
+
+static PyObject *core_allocator(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *name = get_state(module)->allocator_name;
+    Py_INCREF(name);
+    return name;
+}
+
+PyDoc_STRVAR(allocator_version_doc, "allocator_version() -> str | None\n\n"
+                                    "The live allocator's version as it reports it, or None.");
+
+static PyObject *core_allocator_version(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    const char *version = mr_backend_version(get_state(module)->backend);
+    if (version == NULL) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromString(version);
+}
+
+/* ---- glibc knobs ---------------------------------------------------------------------------- */
+
+static PyObject *set_mallopt(PyObject *module, PyObject *value, const char *function,
+                             const char *name, int param, long long min, long long max)
+{
+    core_state *state = get_state(module);
+    long long v;
+    int err;
+    /* Check the argument first, so a bad value raises the same error on every allocator. */
+    if (parse_bounded_int(value, name, min, max, &v) < 0) {
+        return NULL;
+    }
+    if (state->backend->kind != MR_ALLOC_GLIBC) {
+        return raise_unsupported(state, function);
+    }
+    /* GIL kept: mallopt takes the main arena's lock for a few instructions. */
+    err = mr_glibc_mallopt(param, (int)v);
+    if (err == ENOTSUP) {
+        return raise_unsupported(state, function);
+    }
+    if (err != 0) {
+        PyErr_Format(PyExc_ValueError, "glibc refused %s=%lld", name, v);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(pin_mmap_threshold_doc,
+             "pin_mmap_threshold(nbytes) -> None\n\n"
+             "mallopt(M_MMAP_THRESHOLD, nbytes): blocks of at least nbytes get their own mmap and\n"
+             "go back to the kernel when freed. This also turns off glibc's adaptive threshold,\n"
+             "which otherwise rises to the size of every large block freed (up to 32 MiB).\n"
+             "nbytes: 1 to 33554432 (32 MiB) on 64-bit. glibc only.");
+
+static PyObject *core_pin_mmap_threshold(PyObject *module, PyObject *value)
+{
+    return set_mallopt(module, value, "pin_mmap_threshold", "nbytes", MR_M_MMAP_THRESHOLD, 1,
+                       MR_MMAP_THRESHOLD_MAX);
+}
+
+PyDoc_STRVAR(set_trim_threshold_doc,
+             "set_trim_threshold(nbytes) -> None\n\n"
+             "mallopt(M_TRIM_THRESHOLD, nbytes): free memory at the top of the main heap above\n"
+             "nbytes is given back by free() itself. It governs only the top of the heap, not\n"
+             "holes in the middle (trim() handles those). nbytes: 0 to 2147483647. glibc only.");
+
+static PyObject *core_set_trim_threshold(PyObject *module, PyObject *value)
+{
+    return set_mallopt(module, value, "set_trim_threshold", "nbytes", MR_M_TRIM_THRESHOLD, 0,
+                       INT32_MAX);
+}
+
+PyDoc_STRVAR(set_arena_max_doc,
+             "set_arena_max(n) -> None\n\n"
+             "mallopt(M_ARENA_MAX, n): the most malloc arenas glibc creates for threads. glibc\n"
+             "fixes its limit the first time a thread needs a new arena past the first eight\n"
+             "(or past a limit already set), and never frees arenas: call it at start-up.\n"
+             "n: 1 to 2147483647. glibc only. (memreclaim.set_arena_max warns when it is late.)");
+
+static PyObject *core_set_arena_max(PyObject *module, PyObject *value)
+{
+    return set_mallopt(module, value, "set_arena_max", "n", MR_M_ARENA_MAX, 1, INT32_MAX);
+}
+
+PyDoc_STRVAR(malloc_info_doc,
+             "malloc_info() -> str\n\n"
+             "glibc's malloc_info(0, ...) XML: per-arena free-chunk histograms and\n"
+             "totals. It locks each arena in turn; the GIL is released meanwhile.\n"
+             "glibc only (UnsupportedAllocatorError otherwise).");
+
+static PyObject *core_malloc_info(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    core_state *state = get_state(module);
+    char *text = NULL;
+    size_t size = 0;
+    int err;
+    PyObject *result;
+
+    if (state->backend->kind != MR_ALLOC_GLIBC) {
+        return raise_unsupported(state, "malloc_info");
+    }
+    Py_BEGIN_ALLOW_THREADS err = mr_glibc_malloc_info(&text, &size);
+    Py_END_ALLOW_THREADS if (err == ENOTSUP)
+    {
+        return raise_unsupported(state, "malloc_info");
+    }
+    if (err != 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    result = PyUnicode_DecodeUTF8(text, (Py_ssize_t)size, "replace");
+    free(text);
+    return result;
+}
+
+/* ---- module --------------------------------------------------------------------------------- */
+
+static PyMethodDef core_methods[] = {
+    {"trim", (PyCFunction)(void (*)(void))core_trim, METH_VARARGS | METH_KEYWORDS, trim_doc},
+    {"rss", core_rss, METH_NOARGS, rss_doc},
+    {"stats", (PyCFunction)(void (*)(void))core_stats, METH_VARARGS | METH_KEYWORDS, stats_doc},
+    {"heap_stats", core_heap_stats, METH_NOARGS, heap_stats_doc},
+    {"allocator", core_allocator, METH_NOARGS, allocator_doc},
+    {"allocator_version", core_allocator_version, METH_NOARGS, allocator_version_doc},
+    {"pin_mmap_threshold", core_pin_mmap_threshold, METH_O, pin_mmap_threshold_doc},
+    {"set_trim_threshold", core_set_trim_threshold, METH_O, set_trim_threshold_doc},
+    {"set_arena_max", core_set_arena_max, METH_O, set_arena_max_doc},
+    {"malloc_info", core_malloc_info, METH_NOARGS, malloc_info_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_type(PyObject *module, PyTypeObject **slot, PyStructSequence_Desc *desc)
+{
+    *slot = PyStructSequence_NewType(desc);
+    if (*slot == NULL) {
+        return -1;
+    }
+    Py_INCREF(*slot);
+    if (PyModule_AddObject(module, strrchr(desc->name, '.') + 1, (PyObject *)*slot) < 0) {
+        Py_DECREF(*slot);
+        return -1;
+    }
+    return 0;
+}
+
+static int core_exec(PyObject *module)
+{
+    core_state *state = get_state(module);
+
+    mr_statm_init(&state->statm);
+    state->statm_ready = 1;
+    mr_procfs_global_init();
+    state->backend = mr_backend_detect();
+    state->allocator_name = PyUnicode_InternFromString(state->backend->name);
+    if (state->allocator_name == NULL) {
+        return -1;
+    }
+    if (add_type(module, &state->trim_result_type, &trim_result_desc) < 0 ||
+        add_type(module, &state->memory_stats_type, &memory_stats_desc) < 0 ||
+        add_type(module, &state->heap_stats_type, &heap_stats_desc) < 0) {
+        return -1;
+    }
+    state->unsupported_error = PyErr_NewExceptionWithDoc(
+        "memreclaim.UnsupportedAllocatorError",
+        "The call needs an allocator interface that the allocator serving malloc lacks.",
+        PyExc_RuntimeError, NULL);
+    if (state->unsupported_error == NULL) {
+        return -1;
+    }
+    Py_INCREF(state->unsupported_error);
+    if (PyModule_AddObject(module, "UnsupportedAllocatorError", state->unsupported_error) < 0) {
+        Py_DECREF(state->unsupported_error);
+        return -1;
+    }
+    if (PyModule_AddIntConstant(module, "MMAP_THRESHOLD_MAX", (long)MR_MMAP_THRESHOLD_MAX) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+static int core_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    core_state *state = get_state(module);
+    Py_VISIT(state->trim_result_type);
+    Py_VISIT(state->memory_stats_type);
+    Py_VISIT(state->heap_stats_type);
+    Py_VISIT(state->unsupported_error);
+    return 0;
+}
+
+static int core_clear(PyObject *module)
+{
+    core_state *state = get_state(module);
+    Py_CLEAR(state->trim_result_type);
+    Py_CLEAR(state->memory_stats_type);
+    Py_CLEAR(state->heap_stats_type);
+    Py_CLEAR(state->unsupported_error);
+    Py_CLEAR(state->allocator_name);
+    return 0;
+}
+
+static void core_free(void *module)
+{
+    core_state *state = get_state((PyObject *)module);
+    (void)core_clear((PyObject *)module);
+    if (state != NULL && state->statm_ready) {
+        mr_statm_close(&state->statm);
+    }
+}
+
+static PyModuleDef_Slot core_slots[] = {
+    {Py_mod_exec, (void *)core_exec},
+#ifdef Py_mod_multiple_interpreters
+    /* Each interpreter gets its own module state, and the process-wide parts (the detected
+     * backend, the fork generation) are set once under pthread_once. */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    /* The kept statm descriptor in the module state is serialised by the GIL. */
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT,
+    "memreclaim._core",
+    "memreclaim's C core: trim, rss, stats, allocator detection and knobs.",
+    sizeof(core_state),
+    core_methods,
+    core_slots,
+    core_traverse,
+    core_clear,
+    core_free,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    return PyModuleDef_Init(&core_module);
+}

@@ -1,0 +1,190 @@
+/* RSS readers: /proc/self/statm through a kept descriptor, and /proc/self/status.
+ *
+ * Pure C, no Python objects: these functions return raw numbers in bytes and errno values.
+ */
+#define _GNU_SOURCE
+#include "memreclaim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Bumped in every child after fork(). A kept /proc/self/statm descriptor keeps naming the parent
+ * (the kernel resolves "self" at open), so readers compare generations and reopen. */
+static atomic_ulong fork_generation = 1;
+static pthread_once_t procfs_once = PTHREAD_ONCE_INIT;
+static int64_t page_size = 4096;
+
+static void after_fork_in_child(void)
+{
+    atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed);
+}
+
+static void procfs_init_once(void)
+{
+    long size = sysconf(_SC_PAGESIZE);
+    if (size > 0) {
+        page_size = size;
+    }
+    /* If registration fails the kept descriptor could report the parent after a fork; there is no
+     * way to report that here, so readers then never keep a descriptor (see mr_statm_read). */
+    if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0) {
+        atomic_store(&fork_generation, 0);
+    }
+}
+
+void mr_procfs_global_init(void)
+{
+    (void)pthread_once(&procfs_once, procfs_init_once);
+}
+
+unsigned long mr_fork_generation(void)
+{
+    return atomic_load_explicit(&fork_generation, memory_order_relaxed);
+}
+
+void mr_statm_init(mr_statm *statm)
+{
+    statm->fd = -1;
+    statm->generation = 0;
+}
+
+void mr_statm_close(mr_statm *statm)
+{
+    if (statm->fd >= 0) {
+        (void)close(statm->fd);
+    }
+    statm->fd = -1;
+}
+
+/* Parse an unsigned decimal number, skipping leading blanks; advances *cursor. */
+static int parse_u64(const char **cursor, const char *end, uint64_t *out)
+{
+    const char *p = *cursor;
+    uint64_t value = 0;
+    while (p < end && (*p == ' ' || *p == '\t')) {
+        p++;
+    }
+    if (p >= end || *p < '0' || *p > '9') {
+        return -1;
+    }
+    while (p < end && *p >= '0' && *p <= '9') {
+        value = value * 10 + (uint64_t)(*p - '0');
+        p++;
+    }
+    *cursor = p;
+    *out = value;
+    return 0;
+}
+
+int mr_statm_read(mr_statm *statm, mr_rss_sample *out)
+{
+    char buf[160];
+    unsigned long generation = mr_fork_generation();
+    ssize_t n;
+
+    if (statm->fd >= 0 && (statm->generation != generation || generation == 0)) {
+        mr_statm_close(statm);
+    }
+    if (statm->fd < 0) {
+        statm->fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+        if (statm->fd < 0) {
+            return errno;
+        }
+        statm->generation = generation;
+    }
+    do {
+        n = pread(statm->fd, buf, sizeof(buf), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        int saved = errno;
+        mr_statm_close(statm);
+        return saved;
+    }
+
+    /* "size resident shared text lib data dt", in pages. */
+    const char *p = buf;
+    const char *end = buf + n;
+    uint64_t size, resident, shared;
+    if (parse_u64(&p, end, &size) || parse_u64(&p, end, &resident) || parse_u64(&p, end, &shared)) {
+        return EIO;
+    }
+    out->resident = (int64_t)resident * page_size;
+    out->anon = resident > shared ? (int64_t)(resident - shared) * page_size : 0;
+    if (generation == 0) {
+        mr_statm_close(statm); /* no fork notification: never keep the descriptor */
+    }
+    return 0;
+}
+
+/* The fields we take from /proc/self/status, in the order of mr_status. */
+static const struct {
+    const char *key;
+    size_t len;
+    size_t offset;
+} status_keys[] = {
+    {"VmRSS:", 6, offsetof(mr_status, rss)},
+    {"RssAnon:", 8, offsetof(mr_status, rss_anon)},
+    {"RssFile:", 8, offsetof(mr_status, rss_file)},
+    {"RssShmem:", 9, offsetof(mr_status, rss_shmem)},
+    {"VmHWM:", 6, offsetof(mr_status, peak_rss)},
+    {"VmSwap:", 7, offsetof(mr_status, swap)},
+};
+
+int mr_status_read(mr_status *out)
+{
+    char buf[4096];
+    size_t used = 0;
+    int fd;
+
+    out->rss = out->rss_anon = out->rss_file = out->rss_shmem = out->peak_rss = out->swap = -1;
+    fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return errno;
+    }
+    while (used < sizeof(buf) - 1) {
+        ssize_t n = read(fd, buf + used, sizeof(buf) - 1 - used);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            int saved = errno;
+            (void)close(fd);
+            return saved;
+        }
+        if (n == 0) {
+            break;
+        }
+        used += (size_t)n;
+    }
+    (void)close(fd);
+    buf[used] = '\0';
+
+    const char *end = buf + used;
+    for (const char *line = buf; line < end;) {
+        const char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (eol == NULL) {
+            eol = end;
+        }
+        for (size_t i = 0; i < sizeof(status_keys) / sizeof(status_keys[0]); i++) {
+            if ((size_t)(eol - line) > status_keys[i].len &&
+                memcmp(line, status_keys[i].key, status_keys[i].len) == 0) {
+                const char *p = line + status_keys[i].len;
+                uint64_t kib;
+                if (parse_u64(&p, eol, &kib) == 0) {
+                    int64_t *field = (int64_t *)(void *)((char *)out + status_keys[i].offset);
+                    *field = (int64_t)kib * 1024; /* the kernel reports kB = KiB */
+                }
+                break;
+            }
+        }
+        line = eol + 1;
+    }
+    if (out->rss < 0) {
+        return EIO; /* not a status file we understand */
+    }
+    return 0;
+}

@@ -1,0 +1,251 @@
+"""The C core's API: types, shapes, and every failure mode of its arguments."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+from typing import Any
+
+import pytest
+
+import memreclaim
+from memreclaim import _core
+
+GLIBC = memreclaim.allocator() == "glibc"
+needs_glibc = pytest.mark.skipif(not GLIBC, reason="needs glibc's malloc")
+
+
+def test_extension_really_built() -> None:
+    # A compiled module, abi3, not a pure-Python fallback.
+    assert _core.__file__ is not None
+    assert _core.__file__.endswith(".abi3.so")
+    assert isinstance(_core.__loader__, importlib.machinery.ExtensionFileLoader)
+
+
+def test_version_in_one_place() -> None:
+    from memreclaim._version import __version__
+
+    assert memreclaim.__version__ == __version__
+    assert __version__.count(".") == 2
+
+
+def test_allocator_is_detected() -> None:
+    assert memreclaim.allocator() == "glibc"  # the test machine runs glibc's malloc
+    assert memreclaim.allocator_version() == os.confstr("CS_GNU_LIBC_VERSION").split()[1]
+
+
+def test_rss_matches_statm() -> None:
+    page = os.sysconf("SC_PAGESIZE")
+    with open("/proc/self/statm") as f:
+        resident = int(f.read().split()[1]) * page
+    value = memreclaim.rss()
+    assert isinstance(value, int)
+    assert abs(value - resident) < 8 * 2**20
+
+
+def test_trim_result_fields() -> None:
+    result = memreclaim.trim()
+    assert isinstance(result, memreclaim.TrimResult)
+    assert result.allocator == "glibc"
+    assert result.method == "malloc_trim(0)"
+    assert result.released is not None and result.released >= 0
+    assert result.rss_before is not None and result.rss_before > 0
+    assert result.rss_after is not None and result.rss_after > 0
+    assert result.anon_before is not None and result.anon_after is not None
+    assert result.released == max(0, result.anon_before - result.anon_after)
+    assert result.seconds >= 0
+    assert (result.pools_released, result.pools_bytes) == (0, 0)
+    assert len(result) == 10
+
+
+def test_stats_fields() -> None:
+    st = memreclaim.stats()
+    assert isinstance(st, memreclaim.MemoryStats)
+    assert st.rss > 0 and st.rss_anon is not None and st.rss_file is not None
+    assert st.rss_anon + st.rss_file + (st.rss_shmem or 0) == st.rss
+    assert st.peak_rss is not None and st.peak_rss >= st.rss
+    assert st.heap is None
+    assert st.allocator == "glibc"
+
+
+def test_stats_traced_memory() -> None:
+    import tracemalloc
+
+    assert memreclaim.stats().traced_current is None or tracemalloc.is_tracing()
+    tracemalloc.start()
+    try:
+        keep = [bytes(1000) for _ in range(1000)]
+        st = memreclaim.stats()
+        assert st.traced_current is not None and st.traced_current >= 1_000_000
+        assert st.traced_peak is not None and st.traced_peak >= st.traced_current
+        del keep
+    finally:
+        tracemalloc.stop()
+    assert memreclaim.stats().traced_current is None
+
+
+@needs_glibc
+def test_heap_stats_glibc() -> None:
+    heap = memreclaim.heap_stats()
+    figures = heap.figures
+    assert set(figures) >= {"arena", "hblkhd", "uordblks", "fordblks", "keepcost"}
+    assert heap.in_use == figures["uordblks"] + figures["hblkhd"]
+    assert heap.free == figures["fordblks"]
+    assert heap.mapped == figures["arena"] + figures["hblkhd"]
+    with_heap = memreclaim.stats(heap=True).heap
+    assert isinstance(with_heap, memreclaim.HeapStats)
+    assert with_heap.allocator == "glibc"
+
+
+@needs_glibc
+def test_malloc_info_and_arenas() -> None:
+    text = memreclaim.malloc_info()
+    assert text.startswith("<malloc version=")
+    arenas = memreclaim.arenas()
+    assert arenas[0].nr == 0
+    assert all(a.mapped >= 0 and a.free_bytes >= a.fast_bytes for a in arenas)
+
+
+def test_struct_sequences_are_tuples() -> None:
+    result = memreclaim.trim()
+    assert tuple(result)[6] == "glibc"
+    with pytest.raises(AttributeError):
+        result.released = 1  # type: ignore[misc]
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+KNOBS = [
+    (memreclaim.pin_mmap_threshold, 1, _core.MMAP_THRESHOLD_MAX),
+    (memreclaim.set_trim_threshold, 0, 2**31 - 1),
+    (_core.set_arena_max, 1, 2**31 - 1),
+]
+
+
+@pytest.mark.parametrize(("knob", "low", "high"), KNOBS)
+@pytest.mark.parametrize("bad", ["1", 1.0, None, True, b"1", [1], object()])
+def test_knob_wrong_type(knob: Any, low: int, high: int, bad: object) -> None:
+    with pytest.raises(TypeError, match="must be an int"):
+        knob(bad)
+
+
+@pytest.mark.parametrize(("knob", "low", "high"), KNOBS)
+def test_knob_out_of_range(knob: Any, low: int, high: int) -> None:
+    for value in (low - 1, high + 1, -(2**40)):
+        with pytest.raises(ValueError, match=f"between {low} and {high}"):
+            knob(value)
+    for value in (2**63, 2**64 + 5, -(2**70)):
+        with pytest.raises(OverflowError, match=f"between {low} and {high}"):
+            knob(value)
+
+
+@pytest.mark.parametrize(("knob", "low", "high"), KNOBS)
+def test_knob_arity(knob: Any, low: int, high: int) -> None:
+    with pytest.raises(TypeError):
+        knob()
+    with pytest.raises(TypeError):
+        knob(low, low)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: memreclaim.trim(1),
+        lambda: memreclaim.trim(pools=1),
+        lambda: memreclaim.trim(pools="yes"),
+        lambda: memreclaim.trim(heap=True),
+        lambda: memreclaim.stats(1),
+        lambda: memreclaim.stats(heap=None),
+        lambda: memreclaim.stats(nope=True),
+        lambda: memreclaim.rss(1),
+        lambda: memreclaim.heap_stats(1),
+        lambda: memreclaim.allocator(None),
+        lambda: memreclaim.allocator_version(1),
+        lambda: memreclaim.malloc_info(0),
+    ],
+)
+def test_bad_arguments_raise_type_error(call: Any) -> None:
+    with pytest.raises(TypeError):
+        call()
+
+
+def test_bad_knob_changes_nothing(run_python: Any) -> None:
+    # A rejected value must leave the threshold as it was: pinned at 64 KiB, a 1 MiB block is
+    # still mmapped (hblks grows) after the failed calls.
+    out = run_python(
+        """
+        memreclaim.pin_mmap_threshold(64 * 1024)
+        for bad in (0, -1, 2**26, 2**70, "1", 1.5):
+            try:
+                memreclaim.pin_mmap_threshold(bad)
+            except (TypeError, ValueError, OverflowError):
+                pass
+        before = memreclaim.heap_stats().figures["hblks"]
+        block = bytearray(1 << 20)
+        after = memreclaim.heap_stats().figures["hblks"]
+        emit(before=before, after=after)
+        """
+    )
+    assert out["after"] == out["before"] + 1
+
+
+def test_set_arena_max_warns_when_late(run_python: Any) -> None:
+    out = run_python(
+        """
+        import threading, warnings
+        barrier = threading.Barrier(4)
+        def work():
+            barrier.wait()
+            x = [bytes(2000) for _ in range(1000)]
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        [t.start() for t in threads]; [t.join() for t in threads]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            memreclaim.set_arena_max(2)
+        emit(arenas=len(memreclaim.arenas()), warnings=[str(w.message) for w in caught])
+        """
+    )
+    assert out["arenas"] > 1
+    assert len(out["warnings"]) == 1 and "is late" in out["warnings"][0]
+
+
+def test_set_arena_max_at_start_limits_arenas(run_python: Any) -> None:
+    out = run_python(
+        """
+        import threading, warnings
+        warnings.simplefilter("error")
+        memreclaim.set_arena_max(1)
+        barrier = threading.Barrier(8)
+        def work():
+            barrier.wait()
+            x = [bytes(2000) for _ in range(2000)]
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        [t.start() for t in threads]; [t.join() for t in threads]
+        emit(arenas=len(memreclaim.arenas()))
+        """
+    )
+    assert out["arenas"] == 1
+
+
+def test_units() -> None:
+    assert memreclaim.parse_bytes("1 MiB") == 2**20
+    assert memreclaim.parse_bytes("500 KB") == 500_000
+    assert memreclaim.parse_bytes("1.5k") == 1500
+    assert memreclaim.parse_bytes(42) == 42
+    assert memreclaim.format_bytes(3 * 2**20) == "3.0 MiB"
+    assert memreclaim.format_bytes(-512) == "-512 B"
+    for junk in ("12 parsecs", "", "MiB", "-1", "1 2"):
+        with pytest.raises(ValueError):
+            memreclaim.parse_bytes(junk)
+    with pytest.raises(ValueError):
+        memreclaim.parse_bytes(-1)
+    for wrong in (1.5, None, True, b"1"):
+        with pytest.raises(TypeError):
+            memreclaim.parse_bytes(wrong)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        memreclaim.format_bytes("1")  # type: ignore[arg-type]
+
+
+def test_python_version_floor() -> None:
+    assert sys.version_info >= (3, 10)
