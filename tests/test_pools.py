@@ -44,16 +44,16 @@ needs_tested_version = pytest.mark.skipif(
 PRELUDE = textwrap.dedent(
     """
     import ctypes, gc, json, sys
+    import memreclaim
     from memreclaim import _pools, pools
 
     def rss():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4096
 
-    _libc = ctypes.CDLL(None)
-
     def malloc_trim():
-        _libc.malloc_trim(0)
+        # the core's plain trim(): malloc_trim(0) on glibc
+        memreclaim.trim()
 
     def report(**values):
         print("RESULT " + json.dumps(values))
@@ -126,6 +126,41 @@ def test_dict_workload_gives_back_memory() -> None:
     assert result["rss_pools"] <= 0.6 * result["rss_trim"], result
     assert result["status"]["enabled"] is True
     assert result["status"]["reason"] is None
+
+
+@needs_tested_version
+def test_core_trim_with_pools() -> None:
+    result = run_child(
+        "pools.enable_pool_reclaim()\n",
+        DICT_WORKLOAD,
+        """
+        plain = memreclaim.trim()
+        both = memreclaim.trim(pools=True)
+        intact = all(k == {"alive": id(k)} for k in keep)
+        report(plain_after=plain.rss_after, both_after=both.rss_after, intact=intact,
+               pools_released=both.pools_released, pools_bytes=both.pools_bytes,
+               plain_pools=plain.pools_released)
+        """,
+    )
+    assert result["intact"]
+    assert result["plain_pools"] == 0
+    assert result["pools_released"] > 1000
+    assert result["pools_bytes"] > 30 * 2**20
+    assert result["both_after"] <= 0.6 * result["plain_after"], result
+
+
+def test_core_trim_with_pools_not_enabled() -> None:
+    result = run_child(
+        """
+        try:
+            memreclaim.trim(pools=True)
+            error = ""
+        except pools.PoolReclaimUnavailable as e:
+            error = str(e)
+        report(error=error)
+        """
+    )
+    assert "not enabled" in result["error"]
 
 
 def test_without_enabling_nothing_changes() -> None:

@@ -55,6 +55,7 @@
 /* struct pool_header */
 typedef struct mrp_pool_header {
     union {
+        // cppcheck-suppress unusedStructMember ; it sizes the union as pymalloc's does
         unsigned char *padding;
         unsigned int count; /* allocated blocks */
     } ref;
@@ -522,7 +523,7 @@ static int mrp_is_tracked(uintptr_t address)
 }
 
 static _Noreturn void mrp_child_exit(int fd, mrp_report *report, int ok, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5), noreturn));
 
 static _Noreturn void mrp_child_exit(int fd, mrp_report *report, int ok, const char *fmt, ...)
 {
