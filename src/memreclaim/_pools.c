@@ -344,9 +344,10 @@ static int mrp_header_valid(const mrp_pool_header *header, uintptr_t pool, uintp
 }
 
 /* Validate every carved pool of the arena at base, then release the resident body pages of its
- * empty pools. Returns 0, or -1 when the arena was left untouched because something did not
- * look like a pymalloc arena. Called with the GIL held. */
-static int mrp_reclaim_arena(uintptr_t base, mrp_pass *pass)
+ * empty pools (with dry_run, only count what would be released). Returns 0, or -1 when the
+ * arena was left untouched because something did not look like a pymalloc arena. Called with
+ * the GIL held. */
+static int mrp_reclaim_arena(uintptr_t base, int dry_run, mrp_pass *pass)
 {
     unsigned char resident[MRP_ARENA_PAGES];
     if ((base & (MRP_PAGE_SIZE - 1)) != 0) {
@@ -398,6 +399,11 @@ static int mrp_reclaim_arena(uintptr_t base, mrp_pass *pass)
         if (resident_body == 0) {
             continue;
         }
+        if (dry_run) {
+            pass->pools_released++;
+            pass->bytes_released += resident_body * (long long)MRP_PAGE_SIZE;
+            continue;
+        }
         /* Essential: an empty pool that still names its size class is reused through its old
          * free list, which lives in the pages we are about to drop. DUMMY makes pymalloc
          * rebuild the pool inside its first page. */
@@ -411,11 +417,23 @@ static int mrp_reclaim_arena(uintptr_t base, mrp_pass *pass)
     return 0;
 }
 
-/* One call's worth of work: every arena (budget < 0), or up to budget arenas after the cursor. */
-static void mrp_run(Py_ssize_t budget, mrp_pass *pass)
+/* One call's worth of work: every arena (budget < 0), or up to budget arenas after the cursor.
+ * A dry run scans every arena, writes nothing and leaves the cursor alone. */
+static void mrp_run(Py_ssize_t budget, int dry_run, mrp_pass *pass)
 {
     memset(pass, 0, sizeof(*pass));
     long long start = mrp_now_ns();
+    if (dry_run) {
+        for (size_t i = 0; i < g.narenas; i++) {
+            if (mrp_reclaim_arena(g.arenas[i].base, 1, pass) != 0) {
+                pass->arenas_skipped++;
+            }
+            pass->arenas_scanned++;
+        }
+        pass->complete = 1;
+        pass->elapsed_ns = mrp_now_ns() - start;
+        return;
+    }
     size_t i = budget < 0 ? 0 : mrp_table_lower_bound(g.cursor + 1);
     if (budget < 0) {
         g.cursor = 0;
@@ -423,7 +441,7 @@ static void mrp_run(Py_ssize_t budget, mrp_pass *pass)
     Py_ssize_t done = 0;
     while (i < g.narenas && (budget < 0 || done < budget)) {
         uintptr_t base = g.arenas[i].base;
-        if (mrp_reclaim_arena(base, pass) != 0) {
+        if (mrp_reclaim_arena(base, 0, pass) != 0) {
             pass->arenas_skipped++;
         }
         pass->arenas_scanned++;
@@ -647,7 +665,7 @@ static _Noreturn void mrp_selftest_child(int fd)
     /* 4. Release. */
     Py_ssize_t blocks_before = allocated_blocks ? allocated_blocks() : 0;
     mrp_pass pass;
-    mrp_run(-1, &pass);
+    mrp_run(-1, 0, &pass);
     Py_ssize_t blocks_after = allocated_blocks ? allocated_blocks() : 0;
     if (pass.arenas_skipped != 0) {
         mrp_child_exit(fd, &report, 0, "self-test: %lld of %lld recorded arenas failed validation",
@@ -736,7 +754,7 @@ static _Noreturn void mrp_selftest_child(int fd)
         }
     }
     /* 6. A second pass after reuse must validate too, then free everything. */
-    mrp_run(-1, &pass);
+    mrp_run(-1, 0, &pass);
     if (pass.arenas_skipped != 0) {
         mrp_child_exit(fd, &report, 0, "self-test: an arena failed validation after reuse");
     }
@@ -1019,7 +1037,7 @@ static int mrp_reclaim_core(Py_ssize_t budget, mrp_pass *pass)
     if (mrp_check_call() < 0) {
         return -1;
     }
-    mrp_run(budget, pass);
+    mrp_run(budget, 0, pass);
     g.reclaim_calls++;
     g.pools_released += pass->pools_released;
     g.bytes_released += pass->bytes_released;
@@ -1030,6 +1048,42 @@ static int mrp_reclaim_core(Py_ssize_t budget, mrp_pass *pass)
         g.max_ns = pass->elapsed_ns;
     }
     return 0;
+}
+
+static PyObject *mrp_result_new(mrp_state *state, const mrp_pass *pass)
+{
+    PyObject *result = PyStructSequence_New(state->result_type);
+    if (result == NULL) {
+        return NULL;
+    }
+    PyObject *items[6] = {
+        PyLong_FromLongLong(pass->pools_released), PyLong_FromLongLong(pass->bytes_released),
+        PyLong_FromLongLong(pass->arenas_scanned), PyLong_FromLongLong(pass->arenas_skipped),
+        PyBool_FromLong(pass->complete),           PyLong_FromLongLong(pass->elapsed_ns),
+    };
+    int failed = 0;
+    for (int i = 0; i < 6; i++) {
+        if (items[i] == NULL) {
+            failed = 1;
+            items[i] = Py_NewRef(Py_None);
+        }
+        PyStructSequence_SetItem(result, i, items[i]);
+    }
+    if (failed) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+static PyObject *mrp_estimate(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    mrp_pass pass;
+    if (mrp_check_call() < 0) {
+        return NULL;
+    }
+    mrp_run(-1, 1, &pass);
+    return mrp_result_new(mrp_get_state(module), &pass);
 }
 
 /* METH_FASTCALL: no argument tuple is built, so a call allocates nothing that outlives it. */
@@ -1062,29 +1116,7 @@ static PyObject *mrp_reclaim(PyObject *module, PyObject *const *args, Py_ssize_t
     if (mrp_reclaim_core(budget, &pass) < 0) {
         return NULL;
     }
-    mrp_state *state = mrp_get_state(module);
-    PyObject *result = PyStructSequence_New(state->result_type);
-    if (result == NULL) {
-        return NULL;
-    }
-    PyObject *items[6] = {
-        PyLong_FromLongLong(pass.pools_released), PyLong_FromLongLong(pass.bytes_released),
-        PyLong_FromLongLong(pass.arenas_scanned), PyLong_FromLongLong(pass.arenas_skipped),
-        PyBool_FromLong(pass.complete),           PyLong_FromLongLong(pass.elapsed_ns),
-    };
-    int failed = 0;
-    for (int i = 0; i < 6; i++) {
-        if (items[i] == NULL) {
-            failed = 1;
-            items[i] = Py_NewRef(Py_None);
-        }
-        PyStructSequence_SetItem(result, i, items[i]);
-    }
-    if (failed) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    return result;
+    return mrp_result_new(mrp_get_state(module), &pass);
 }
 
 static int mrp_dict_set(PyObject *dict, const char *key, PyObject *value)
@@ -1183,6 +1215,12 @@ PyDoc_STRVAR(mrp_reclaim_doc,
              "where the previous budgeted call stopped. Returns (pools_released, bytes_released,\n"
              "arenas_scanned, arenas_skipped, complete); the result also has elapsed_ns.");
 
+PyDoc_STRVAR(mrp_estimate_doc,
+             "estimate()\n--\n\n"
+             "What reclaim() would give back now, without writing anything: a ReclaimResult\n"
+             "whose pools_released and bytes_released count the empty pools with resident\n"
+             "pages in every tracked arena. Does not move the budget cursor.");
+
 PyDoc_STRVAR(mrp_status_doc, "status()\n--\n\n"
                              "A dict: enabled, available, reason (None when enabled), arenas "
                              "tracked, totals and timings.");
@@ -1191,6 +1229,7 @@ static PyMethodDef mrp_methods[] = {
     {"enable", mrp_enable, METH_NOARGS, mrp_enable_doc},
     {"reclaim", (PyCFunction)(void (*)(void))mrp_reclaim, METH_FASTCALL | METH_KEYWORDS,
      mrp_reclaim_doc},
+    {"estimate", mrp_estimate, METH_NOARGS, mrp_estimate_doc},
     {"status", mrp_status, METH_NOARGS, mrp_status_doc},
     {NULL, NULL, 0, NULL},
 };

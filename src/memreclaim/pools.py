@@ -21,6 +21,7 @@ __all__ = [
     "PoolReclaimStatus",
     "PoolReclaimUnavailable",
     "enable_pool_reclaim",
+    "estimate_pool_reclaim",
     "pool_reclaim_status",
     "reclaim_pools",
 ]
@@ -116,7 +117,25 @@ def reclaim_pools(budget_arenas: int | None = None) -> PoolReclaimResult:
         isinstance(budget_arenas, bool) or not isinstance(budget_arenas, int)
     ):
         raise TypeError(f"budget_arenas must be None or an int, not {type(budget_arenas).__name__}")
-    result = _pools.reclaim(budget_arenas)
+    return _convert(_pools.reclaim(budget_arenas))
+
+
+def estimate_pool_reclaim() -> PoolReclaimResult:
+    """Say what :func:`reclaim_pools` would give back now, without changing anything.
+
+    ``pools_released`` and ``bytes_released`` count the empty pools whose body pages are
+    resident, over every tracked arena; the budget cursor does not move. For diagnosis: how
+    much of pymalloc's retention pool reclaim can return. Costs a few µs per arena.
+
+    Raises:
+        PoolReclaimUnavailable: not enabled, or a gate failed since.
+    """
+    if _pools is None:
+        raise PoolReclaimUnavailable(_IMPORT_ERROR)
+    return _convert(_pools.estimate())
+
+
+def _convert(result: _pools.ReclaimResult) -> PoolReclaimResult:
     return PoolReclaimResult(
         pools_released=result.pools_released,
         bytes_released=result.bytes_released,
