@@ -1,5 +1,7 @@
 """Build the C extension; all metadata lives in pyproject.toml."""
 
+import sys
+
 from setuptools import Extension, setup
 
 LIMITED_API = 0x030A0000  # abi3 floor: CPython 3.10
@@ -18,7 +20,21 @@ core = Extension(
     extra_compile_args=["-std=c11", "-Wall", "-Wextra"],
 )
 
+# Pool reclaim uses the arena-allocator API, which is outside the limited API: its own module,
+# Linux only (mincore, madvise, dladdr), never an abi3 build.
+pools = Extension(
+    "memreclaim._pools",
+    sources=["src/memreclaim/_pools.c"],
+    depends=["src/memreclaim/memreclaim.h"],
+    libraries=["dl"],
+    extra_compile_args=["-std=c11", "-Wall", "-Wextra"],
+)
+
+ext_modules = [core]
+if sys.platform.startswith("linux"):
+    ext_modules.append(pools)
+
 setup(
-    ext_modules=[core],
+    ext_modules=ext_modules,
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

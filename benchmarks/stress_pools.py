@@ -1,0 +1,183 @@
+"""Stress job for pool reclaim (minutes; not part of the test suite).
+
+Runs a torture workload in fresh interpreters, one per mode (pymalloc, pymalloc_debug, -X dev,
+-X tracemalloc, and 3 allocating threads), each for --seconds:
+  - many pymalloc size classes (bytes, str, tuples, lists, dicts, floats, sets);
+  - random survivors, checked after every reclaim and after allocating into released pools;
+  - random budgets (None, 1, 3, 10 arenas), budgeted passes run to completion;
+  - sys.getallocatedblocks() checked unchanged by every reclaim (single-threaded phases).
+Any mismatch, crash or non-zero exit fails the job (exit status 1).
+
+    python benchmarks/stress_pools.py [--seconds 60] [--modes pymalloc,debug,dev,threads]
+
+Keep it bounded on shared machines: modes run one after another, one process at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = textwrap.dedent(
+    """
+    import gc, json, random, sys, threading, time
+    from memreclaim import _pools, pools
+
+    seconds, threads, seed = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    pools.enable_pool_reclaim()
+    gc.disable()
+    rng = random.Random(seed)
+
+    def make(kind, i, n):
+        if kind == 0:
+            return (i.to_bytes(4, "little") * (n // 4 + 1))[:n]
+        if kind == 1:
+            return tuple(range(i, i + n % 60))
+        if kind == 2:
+            return {j: i for j in range(n % 6)}
+        if kind == 3:
+            return [i] * (n % 50)
+        if kind == 4:
+            return float(i) + n / 7
+        if kind == 5:
+            return frozenset(range(i % 7, i % 7 + n % 9))
+        return "s%d-" % i + "x" * (n % 400)
+
+    def batch(r, count):
+        out = []
+        for _ in range(count):
+            key = (r.randrange(7), r.randrange(10**6), r.randrange(1, 470))
+            out.append((key, make(*key)))
+        return out
+
+    def verify(items):
+        return all(obj == make(*key) for key, obj in items)
+
+    def blocks_delta(call):
+        gab = sys.getallocatedblocks
+        c0 = gab(); c1 = gab()
+        base = c1 - c0
+        before = gab()
+        call()
+        after = gab()
+        return after - before - base
+
+    failures = []
+    stop = time.monotonic() + seconds
+
+    def worker(wseed):
+        r = random.Random(wseed)
+        mine = []
+        while time.monotonic() < stop and not failures:
+            items = batch(r, 5_000)
+            mine.extend(it for it in items if r.random() < 0.01)
+            del items
+            if not verify(mine):
+                failures.append("worker survivors changed")
+            if len(mine) > 5_000:
+                del mine[: len(mine) // 2]
+
+    workers = [threading.Thread(target=worker, args=(seed * 100 + t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+
+    survivors = []
+    rounds = reclaims = 0
+    while time.monotonic() < stop and not failures:
+        rounds += 1
+        items = batch(rng, 50_000)
+        # Per kind: none survive (whole pools empty out) or a few (pools stay pinned).
+        rates = [rng.choice([0.0, 0.0, 0.001, 0.01, 0.05]) for _ in range(7)]
+        survivors.extend(it for it in items if rng.random() < rates[it[0][0]])
+        del items
+        gc.collect()
+        budget = rng.choice([None, None, 1, 3, 10])
+
+        def call():
+            while not _pools.reclaim(budget)[4]:
+                pass
+
+        if threads:
+            call()  # other threads allocate meanwhile: no block-count check here
+        else:
+            delta = blocks_delta(call)
+            if delta != 0:
+                failures.append(f"reclaim changed sys.getallocatedblocks() by {delta}")
+        reclaims += 1
+        if not verify(survivors):
+            failures.append("survivors changed after reclaim")
+        fresh = batch(rng, 30_000)
+        if not (verify(fresh) and verify(survivors)):
+            failures.append("objects changed after re-allocating into released pools")
+        del fresh
+        if len(survivors) > 30_000:
+            rng.shuffle(survivors)
+            del survivors[15_000:]
+    for w in workers:
+        w.join()
+    st = pools.pool_reclaim_status()
+    if st["arenas_skipped"]:
+        failures.append(f"{st['arenas_skipped']} arenas failed validation")
+    print("RESULT " + json.dumps(dict(failures=failures, rounds=rounds, reclaims=reclaims,
+                                      pools_released=st["pools_released"],
+                                      bytes_released=st["bytes_released"],
+                                      max_reclaim_ms=st["max_reclaim_ns"] / 1e6)))
+    """
+)
+
+MODES: dict[str, tuple[dict[str, str], list[str], int]] = {
+    "pymalloc": ({}, [], 0),
+    "debug": ({"PYTHONMALLOC": "pymalloc_debug"}, [], 0),
+    "dev": ({}, ["-X", "dev"], 0),
+    "tracemalloc": ({}, ["-X", "tracemalloc"], 0),
+    "threads": ({}, [], 3),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="per mode")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
+    args = parser.parse_args()
+
+    failed = False
+    for offset, mode in enumerate(args.modes.split(",")):
+        env_extra, flags, threads = MODES[mode]
+        env = dict(os.environ)
+        env.pop("PYTHONMALLOC", None)
+        env.update(env_extra)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *[p for p in sys.path if p]])
+        seed = args.seed + offset
+        cmd = [sys.executable, *flags, "-c", CHILD, str(args.seconds), str(threads), str(seed)]
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=args.seconds + 300, check=False
+        )
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            failed = True
+            print(f"{mode}: FAILED (exit {proc.returncode}, seed {seed})\n{proc.stderr[-3000:]}")
+            continue
+        result = json.loads(lines[-1][len("RESULT ") :])
+        status = "FAILED" if result["failures"] else "ok"
+        failed |= bool(result["failures"])
+        print(
+            f"{mode}: {status} seed {seed}, {result['rounds']} rounds, "
+            f"{result['reclaims']} reclaims, {result['pools_released']} pools released "
+            f"({result['bytes_released'] / 2**20:.0f} MiB), longest call "
+            f"{result['max_reclaim_ms']:.1f} ms {result['failures'][:3]}",
+            flush=True,
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
