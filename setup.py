@@ -21,7 +21,8 @@ core = Extension(
 )
 
 # Pool reclaim uses the arena-allocator API, which is outside the limited API: its own module,
-# Linux only (mincore, madvise, dladdr), never an abi3 build.
+# Linux only (mincore, madvise, dladdr), never an abi3 build. It is built only where its version
+# allow-list can pass (CPython 3.11); elsewhere memreclaim.pools reports it unavailable.
 pools = Extension(
     "memreclaim._pools",
     sources=["src/memreclaim/_pools.c"],
@@ -30,11 +31,14 @@ pools = Extension(
     extra_compile_args=["-std=c11", "-Wall", "-Wextra"],
 )
 
-ext_modules = [core]
-if sys.platform.startswith("linux"):
-    ext_modules.append(pools)
+with_pools = (
+    sys.platform.startswith("linux")
+    and sys.implementation.name == "cpython"
+    and sys.version_info[:2] == (3, 11)
+)
 
 setup(
-    ext_modules=ext_modules,
-    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+    ext_modules=[core, pools] if with_pools else [core],
+    # A wheel is abi3 only when every extension in it is: _pools is built for one version.
+    options={} if with_pools else {"bdist_wheel": {"py_limited_api": "cp310"}},
 )

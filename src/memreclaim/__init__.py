@@ -31,6 +31,15 @@ from ._core import (
 from ._version import __version__
 from .diagnosis import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
 from .glibc import ArenaInfo, arenas, set_arena_max
+from .pools import (
+    PoolReclaimResult,
+    PoolReclaimStatus,
+    PoolReclaimUnavailable,
+    enable_pool_reclaim,
+    estimate_pool_reclaim,
+    pool_reclaim_status,
+    reclaim_pools,
+)
 from .units import format_bytes, parse_bytes
 
 __all__ = [
@@ -39,6 +48,9 @@ __all__ = [
     "ArenaInfo",
     "HeapStats",
     "MemoryStats",
+    "PoolReclaimResult",
+    "PoolReclaimStatus",
+    "PoolReclaimUnavailable",
     "Report",
     "Snapshot",
     "TrimResult",
@@ -49,12 +61,16 @@ __all__ = [
     "ameasure",
     "arenas",
     "diagnose",
+    "enable_pool_reclaim",
+    "estimate_pool_reclaim",
     "format_bytes",
     "heap_stats",
     "malloc_info",
     "measure",
     "parse_bytes",
     "pin_mmap_threshold",
+    "pool_reclaim_status",
+    "reclaim_pools",
     "rss",
     "set_arena_max",
     "set_trim_threshold",
