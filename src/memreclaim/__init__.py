@@ -11,6 +11,7 @@ built on it. All sizes are in bytes.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, Any
 
 from ._core import (
     MMAP_THRESHOLD_MAX,
@@ -32,13 +33,35 @@ from ._version import __version__
 from .glibc import ArenaInfo, arenas, set_arena_max
 from .units import format_bytes, parse_bytes
 
+if TYPE_CHECKING:
+    from .watchdog import BackgroundTrimmer, Counters, PacingPolicy, TrimEvent, Watchdog
+
+# The policy layer (memreclaim.watchdog) is imported on first use, not with the api layer.
+_POLICY_EXPORTS = frozenset(
+    {"BackgroundTrimmer", "Counters", "PacingPolicy", "TrimEvent", "Watchdog"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _POLICY_EXPORTS:
+        from . import watchdog
+
+        return getattr(watchdog, name)
+    raise AttributeError(f"module 'memreclaim' has no attribute {name!r}")
+
+
 __all__ = [
     "MMAP_THRESHOLD_MAX",
     "ArenaInfo",
+    "BackgroundTrimmer",
+    "Counters",
     "HeapStats",
     "MemoryStats",
+    "PacingPolicy",
+    "TrimEvent",
     "TrimResult",
     "UnsupportedAllocatorError",
+    "Watchdog",
     "__version__",
     "allocator",
     "allocator_version",
@@ -63,5 +86,8 @@ async def trim_async(*, pools: bool = False) -> TrimResult:
     Off-loop is necessary but not sufficient: while glibc trims an arena it holds that arena's
     lock, and a loop thread that mallocs more than ~1 KiB meanwhile waits for it (holding the
     GIL). :class:`memreclaim.watchdog.Watchdog` paces trims to the loop's idle time.
+
+    The trim runs in the loop's default executor; if the task awaiting it is cancelled, the
+    trim itself still completes in that thread (it cannot be interrupted).
     """
     return await asyncio.to_thread(trim, pools=pools)
