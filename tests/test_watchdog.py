@@ -86,7 +86,7 @@ def run_script(body: str, timeout: float = 60.0) -> tuple[dict[str, Any], str]:
 
 
 def test_policy_triggers_only_over_slack() -> None:
-    policy = PacingPolicy(slack="10 MiB", min_interval=1.0)
+    policy = PacingPolicy(slack="10 MiB", min_interval=1.0, settle="100 MiB")
     policy.reset(100 * MiB)
     assert policy.decide(1.0, 105 * MiB) == "below-slack"
     assert policy.decide(2.0, 110 * MiB) == "below-slack"  # growth == slack is not over it
@@ -94,8 +94,21 @@ def test_policy_triggers_only_over_slack() -> None:
     assert policy.growth(111 * MiB) == 11 * MiB
 
 
+def test_policy_waits_while_rss_is_rising() -> None:
+    policy = PacingPolicy(slack="10 MiB")  # settle: slack // 4
+    assert policy.settle == 10 * MiB // 4
+    policy.reset(100 * MiB)
+    assert policy.decide(1.0, 200 * MiB) == "rising"  # mid-spike: +100 MiB since last check
+    assert policy.decide(2.0, 300 * MiB) == "rising"
+    assert policy.decide(3.0, 301 * MiB) == "trim"  # it settled
+    slow = PacingPolicy(slack="10 MiB", settle=0)
+    slow.reset(100 * MiB)
+    assert slow.decide(1.0, 120 * MiB) == "rising"
+    assert slow.decide(2.0, 120 * MiB) == "trim"
+
+
 def test_policy_floor_follows_rss_down() -> None:
-    policy = PacingPolicy(slack="10 MiB")
+    policy = PacingPolicy(slack="10 MiB", settle="1 GiB")
     policy.reset(100 * MiB)
     assert policy.decide(1.0, 80 * MiB) == "below-slack"
     assert policy.floor == 80 * MiB
@@ -103,19 +116,19 @@ def test_policy_floor_follows_rss_down() -> None:
 
 
 def test_policy_subtracts_traced_growth() -> None:
-    policy = PacingPolicy(slack="10 MiB")
+    policy = PacingPolicy(slack="10 MiB", settle="1 GiB")
     policy.reset(100 * MiB, traced=5 * MiB)
     # RSS grew 50 MiB, 45 MiB of it traced (live Python objects): 5 MiB unexplained
     assert policy.decide(1.0, 150 * MiB, traced=50 * MiB) == "below-slack"
     # same growth, nothing traced: retention
     assert policy.decide(2.0, 150 * MiB, traced=5 * MiB) == "trim"
-    off = PacingPolicy(slack="10 MiB", use_traced=False)
+    off = PacingPolicy(slack="10 MiB", use_traced=False, settle="1 GiB")
     off.reset(100 * MiB, traced=5 * MiB)
     assert off.decide(1.0, 150 * MiB, traced=50 * MiB) == "trim"
 
 
 def test_policy_min_interval_and_productive_reset() -> None:
-    policy = PacingPolicy(slack="10 MiB", min_interval=5.0, backoff_max=60.0)
+    policy = PacingPolicy(slack="10 MiB", min_interval=5.0, backoff_max=60.0, settle="1 GiB")
     policy.reset(100 * MiB)
     assert policy.decide(0.0, 200 * MiB) == "trim"
     assert policy.record_trim(0.0, growth=100 * MiB, released=90 * MiB, rss_after=110 * MiB)
@@ -126,7 +139,9 @@ def test_policy_min_interval_and_productive_reset() -> None:
 
 
 def test_policy_backs_off_on_unproductive_trims_and_caps() -> None:
-    policy = PacingPolicy(slack="1 MiB", min_interval=1.0, backoff_max=16.0, min_release="1 MiB")
+    policy = PacingPolicy(
+        slack="1 MiB", min_interval=1.0, backoff_max=16.0, min_release="1 MiB", settle="1 GiB"
+    )
     policy.reset(100 * MiB)
     waits = []
     now = 0.0
@@ -188,6 +203,8 @@ def test_policy_requires_reset() -> None:
         ({"release_fraction": 1.5}, ValueError, "release_fraction"),
         ({"release_fraction": "half"}, TypeError, "release_fraction"),
         ({"use_traced": 1}, TypeError, "use_traced must be a bool"),
+        ({"settle": -1}, ValueError, "settle"),
+        ({"settle": 2.5}, TypeError, "settle"),
     ],
 )
 def test_policy_bad_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:

@@ -10,6 +10,10 @@ Both run the same pacing policy (:class:`PacingPolicy`), which decides *when* a 
 - back-off: a trim that returns less than ``max(min_release, release_fraction * growth)`` is
   *unproductive*: the floor moves up to the RSS after that trim, and the wait before the next
   trim doubles (from ``min_interval`` up to ``backoff_max``); a productive trim resets the wait;
+- settling: no trim while RSS is still rising fast (more than ``settle`` bytes since the previous
+  tick, a quarter of the slack by default): a trim in the middle of a spike returns nothing,
+  stalls the allocating code on the arena lock, and would start a back-off that delays the trim
+  that matters, right after the spike;
 - a minimum interval between two trims, whatever the trigger says.
 
 The :class:`Watchdog` adds idle gating: when the policy says "trim", it waits for a quiet moment
@@ -54,7 +58,7 @@ __all__ = [
 
 logger = logging.getLogger("memreclaim")
 
-Decision = Literal["below-slack", "min-interval", "backoff", "trim"]
+Decision = Literal["below-slack", "rising", "min-interval", "backoff", "trim"]
 """What :meth:`PacingPolicy.decide` answers."""
 
 Gate = Literal["idle", "deadline", "ungated", "thread"]
@@ -126,6 +130,8 @@ class PacingPolicy:
         release_fraction: a trim releasing less than this fraction of the growth that triggered
             it is unproductive (0 to 1).
         use_traced: when tracemalloc is tracing, subtract traced growth from RSS growth.
+        settle: do not trim while RSS grew more than this (bytes or string) since the previous
+            check; None means ``slack // 4``.
 
     Raises:
         TypeError, ValueError: for a wrong type or an out-of-range value, naming the argument.
@@ -136,10 +142,11 @@ class PacingPolicy:
         *,
         slack: int | str = "64 MiB",
         min_interval: float = 10.0,
-        backoff_max: float = 600.0,
+        backoff_max: float = 300.0,
         min_release: int | str = "1 MiB",
         release_fraction: float = 0.25,
         use_traced: bool = True,
+        settle: int | str | None = None,
     ) -> None:
         self._slack = _size("slack", slack, allow_zero=False)
         self._min_interval = _seconds("min_interval", min_interval)
@@ -157,6 +164,10 @@ class PacingPolicy:
             raise ValueError(f"release_fraction must be between 0 and 1, got {release_fraction!r}")
         self._release_fraction = float(release_fraction)
         self._use_traced = _flag("use_traced", use_traced)
+        self._settle = (
+            self._slack // 4 if settle is None else _size("settle", settle, allow_zero=True)
+        )
+        self._previous: int | None = None
         self._floor: int | None = None
         self._traced_floor: int | None = None
         self._last_trim: float | None = None
@@ -193,6 +204,11 @@ class PacingPolicy:
         """Whether growth explained by tracemalloc is subtracted from RSS growth."""
         return self._use_traced
 
+    @property
+    def settle(self) -> int:
+        """No trim while RSS grew more than this many bytes since the previous check."""
+        return self._settle
+
     # state
     @property
     def floor(self) -> int | None:
@@ -213,6 +229,7 @@ class PacingPolicy:
         """Start over: the floor is ``rss``, no trim recorded, no back-off."""
         self._floor = rss
         self._traced_floor = traced
+        self._previous = rss
         self._last_trim = None
         self._wait = self._min_interval
 
@@ -235,15 +252,23 @@ class PacingPolicy:
         elif self._traced_floor is None and traced is not None:
             self._traced_floor = traced
 
-    def decide(self, now: float, rss: int, traced: int | None = None) -> Decision:
+    def decide(
+        self, now: float, rss: int, traced: int | None = None, *, settled: bool = False
+    ) -> Decision:
         """Observe one RSS reading and say whether to trim now.
 
-        Returns ``"trim"``, ``"below-slack"`` (growth <= slack), ``"min-interval"`` (too soon
-        after the last trim) or ``"backoff"`` (too soon after an unproductive trim).
+        Returns ``"trim"``, ``"below-slack"`` (growth <= slack), ``"rising"`` (RSS grew more
+        than ``settle`` since the previous call: wait for the spike to end), ``"min-interval"``
+        (too soon after the last trim) or ``"backoff"`` (too soon after an unproductive trim).
+        ``settled=True`` skips the rising check: the caller knows the allocating work is over
+        (e.g. a check at the end of a request or task).
         """
         self.observe(rss, traced)
+        previous, self._previous = self._previous, rss
         if self.growth(rss, traced) <= self._slack:
             return "below-slack"
+        if not settled and previous is not None and rss - previous > self._settle:
+            return "rising"
         if self._last_trim is not None and now < self._last_trim + self._wait:
             return "min-interval" if self._wait <= self._min_interval else "backoff"
         return "trim"
@@ -267,6 +292,7 @@ class PacingPolicy:
         self._last_trim = now
         self._floor = rss_after
         self._traced_floor = traced
+        self._previous = rss_after
         return productive
 
 
@@ -322,6 +348,8 @@ class Counters:
     """Ticks whose trigger fired but the minimum interval had not passed."""
     skipped_backoff: int = 0
     """Ticks whose trigger fired but the back-off wait had not passed."""
+    skipped_rising: int = 0
+    """Ticks whose trigger fired while RSS was still rising fast (mid-spike)."""
     skipped_busy: int = 0
     """Idle checks that found the event loop busy and deferred the trim (Watchdog only)."""
     deadline_trims: int = 0
@@ -409,16 +437,17 @@ class _Runner:
                 values[key] = getattr(current, key) + change
         self._counters = Counters(**{**current.__dict__, **values})
 
-    def _check(self, now: float, lag: float) -> tuple[Decision, int]:
+    def _check(self, now: float, lag: float, settled: bool = False) -> tuple[Decision, int]:
         started = time.perf_counter()
         current = rss()
         traced = _traced()
         with self._lock:
-            decision = self._policy.decide(now, current, traced)
+            decision = self._policy.decide(now, current, traced, settled=settled)
             growth = self._policy.growth(current, traced)
             skipped = {
                 "min-interval": {"skipped_min_interval": 1},
                 "backoff": {"skipped_backoff": 1},
+                "rising": {"skipped_rising": 1},
             }.get(decision, {})
             self._add(
                 ticks=1,
@@ -521,9 +550,10 @@ class Watchdog(_Runner):
 
     Use it as ``async with Watchdog(...)``, with ``start()`` / ``await stop()``, or as a task:
     ``asyncio.create_task(watchdog.run())``. Policy arguments (``slack``, ``min_interval``,
-    ``backoff_max``, ``min_release``, ``release_fraction``) build a :class:`PacingPolicy`;
-    pass ``policy=`` instead to share or pre-build one. ``on_trim`` is called, on the loop
-    thread, with a :class:`TrimEvent` after every trim; an exception in it is logged and counted.
+    ``backoff_max``, ``min_release``, ``release_fraction``, ``settle``) build a
+    :class:`PacingPolicy`; pass ``policy=`` instead to share or pre-build one. ``on_trim`` is
+    called, on the loop thread, with a :class:`TrimEvent` after every trim; an exception in it
+    is logged and counted.
 
     Raises:
         TypeError, ValueError: for a wrong type or out-of-range argument, naming it.
@@ -540,6 +570,7 @@ class Watchdog(_Runner):
         backoff_max: float | None = None,
         min_release: int | str | None = None,
         release_fraction: float | None = None,
+        settle: int | str | None = None,
         policy: PacingPolicy | None = None,
         idle_gating: bool = True,
         busy_lag: float = 0.002,
@@ -560,6 +591,7 @@ class Watchdog(_Runner):
             backoff_max=backoff_max,
             min_release=min_release,
             release_fraction=release_fraction,
+            settle=settle,
         )
         self._idle_gating = _flag("idle_gating", idle_gating)
         self._busy_lag = _seconds("busy_lag", busy_lag)
@@ -754,6 +786,7 @@ class BackgroundTrimmer(_Runner):
         backoff_max: float | None = None,
         min_release: int | str | None = None,
         release_fraction: float | None = None,
+        settle: int | str | None = None,
         policy: PacingPolicy | None = None,
         pools: bool = False,
         on_trim: Callable[[TrimEvent], object] | None = None,
@@ -770,11 +803,13 @@ class BackgroundTrimmer(_Runner):
             backoff_max=backoff_max,
             min_release=min_release,
             release_fraction=release_fraction,
+            settle=settle,
         )
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
         self._pid = os.getpid()
         self._control = threading.Lock()  # serialises start/stop
+        self._tick_lock = threading.Lock()  # serialises ticks
         _instances.add(self)
 
     @property
@@ -828,17 +863,19 @@ class BackgroundTrimmer(_Runner):
             self._thread = None
             return True
 
-    def tick(self) -> TrimEvent | None:
+    def tick(self, *, settled: bool = True) -> TrimEvent | None:
         """Run one policy check now, in the calling thread; trim if due. Return the trim's event.
 
-        Useful from a hook (e.g. gunicorn ``post_request``) without a running thread; the
-        policy must have a floor, so the first call on a trimmer never started sets it and
-        returns None.
+        Meant for hooks at the end of a unit of work (gunicorn ``post_request``, Celery
+        ``task_postrun``): the work that allocated is over, so by default (``settled=True``) the
+        policy's "still rising" check is skipped. The policy needs a floor: the first call on a
+        trimmer never started sets it and returns None.
         """
+        _flag("settled", settled)
         if self._policy.floor is None:
             self._reset_policy()
             return None
-        return self._tick(lag=0.0)
+        return self._tick(lag=0.0, settled=settled)
 
     def __enter__(self) -> BackgroundTrimmer:
         self.start()
@@ -852,16 +889,19 @@ class BackgroundTrimmer(_Runner):
     ) -> None:
         self.stop()
 
-    def _tick(self, lag: float) -> TrimEvent | None:
-        decision, growth = self._check(time.monotonic(), lag)
-        if decision != "trim":
-            return None
-        try:
-            result = trim(pools=self._pools)
-        except Exception:
-            self._trim_failed()
-            return None
-        return self._report(time.monotonic(), result, growth, "thread", 0.0)
+    def _tick(self, lag: float, settled: bool = False) -> TrimEvent | None:
+        # One tick at a time (the thread and hooks calling tick() may race): a tick that waited
+        # for another's trim then sees the minimum interval and does not trim again.
+        with self._tick_lock:
+            decision, growth = self._check(time.monotonic(), lag, settled)
+            if decision != "trim":
+                return None
+            try:
+                result = trim(pools=self._pools)
+            except Exception:
+                self._trim_failed()
+                return None
+            return self._report(time.monotonic(), result, growth, "thread", 0.0)
 
     def _run(self, stop_event: threading.Event) -> None:
         while True:
@@ -879,4 +919,5 @@ class BackgroundTrimmer(_Runner):
         self._stop_event = threading.Event()
         self._lock = threading.Lock()
         self._control = threading.Lock()
+        self._tick_lock = threading.Lock()
         self._pid = os.getpid()
