@@ -132,7 +132,7 @@ def test_policy_min_interval_and_productive_reset() -> None:
     policy.reset(100 * MiB)
     assert policy.decide(0.0, 200 * MiB) == "trim"
     assert policy.record_trim(0.0, growth=100 * MiB, released=90 * MiB, rss_after=110 * MiB)
-    assert policy.floor == 110 * MiB
+    assert policy.floor == 110 * MiB  # productive: the floor moves to the RSS after the trim
     assert policy.wait == 5.0
     assert policy.decide(1.0, 200 * MiB) == "min-interval"
     assert policy.decide(5.0, 200 * MiB) == "trim"
@@ -171,6 +171,31 @@ def test_policy_backs_off_on_unproductive_trims_and_caps() -> None:
     assert policy.decide(now, rss_now + 100 * MiB) == "trim"
     assert policy.record_trim(now, growth=110 * MiB, released=100 * MiB, rss_after=rss_now)
     assert policy.wait == 1.0
+
+
+def test_policy_unproductive_trim_keeps_the_floor_and_retries_after_backoff() -> None:
+    # memory live at the first trim, freed (but retained) later: it must still be trimmed
+    policy = PacingPolicy(slack="10 MiB", min_interval=1.0, backoff_max=8.0, settle="1 GiB")
+    policy.reset(100 * MiB)
+    assert policy.decide(0.0, 400 * MiB) == "trim"
+    assert not policy.record_trim(0.0, growth=300 * MiB, released=0, rss_after=400 * MiB)
+    assert policy.floor == 100 * MiB
+    assert policy.decide(1.0, 400 * MiB) == "backoff"
+    assert policy.decide(2.0, 400 * MiB) == "trim"  # after 2 * min_interval
+    assert policy.record_trim(2.0, growth=300 * MiB, released=280 * MiB, rss_after=120 * MiB)
+    assert policy.floor == 120 * MiB and policy.wait == 1.0
+
+
+def test_policy_live_memory_trims_are_bounded() -> None:
+    # memory that stays live: after the jump settles (tick 1), trims 2, 4, 8, 16, 32 s apart
+    policy = PacingPolicy(slack="10 MiB", min_interval=1.0, backoff_max=300.0)
+    policy.reset(100 * MiB)
+    trims = []
+    for tick in range(100):
+        if policy.decide(float(tick), 400 * MiB) == "trim":
+            trims.append(tick)
+            policy.record_trim(float(tick), growth=300 * MiB, released=0, rss_after=400 * MiB)
+    assert trims == [1, 3, 7, 15, 31, 63]
 
 
 def test_policy_release_fraction_decides_productive() -> None:
@@ -474,7 +499,8 @@ def test_watchdog_backs_off_when_memory_is_live() -> None:
         """
         async def main():
             base = rss()
-            async with Watchdog(interval=0.01, slack="64 MiB", min_interval=0.01,
+            # min_interval of 10 ticks: unproductive trims at most at ticks 0, 20, 60...
+            async with Watchdog(interval=0.01, slack="64 MiB", min_interval=0.1,
                                 backoff_max=10.0) as wd:
                 await asyncio.sleep(0.03)
                 held = live()                       # ~370 MiB, all of it live
@@ -764,7 +790,8 @@ def test_trimmer_backs_off_when_memory_is_live() -> None:
         """
         wait = threading.Event()
         base = rss()
-        with BackgroundTrimmer(interval=0.01, slack="64 MiB", min_interval=0.01,
+        # min_interval of 10 ticks: unproductive trims at most at ticks 0, 20, 60...
+        with BackgroundTrimmer(interval=0.01, slack="64 MiB", min_interval=0.1,
                                backoff_max=10.0) as t:
             while t.counters.ticks < 3:
                 wait.wait(0.005)

@@ -8,8 +8,12 @@ Both run the same pacing policy (:class:`PacingPolicy`), which decides *when* a 
   trim (or since start). When tracemalloc is tracing, growth that tracemalloc explains (live
   Python objects) is subtracted, so a growing live heap does not count;
 - back-off: a trim that returns less than ``max(min_release, release_fraction * growth)`` is
-  *unproductive*: the floor moves up to the RSS after that trim, and the wait before the next
-  trim doubles (from ``min_interval`` up to ``backoff_max``); a productive trim resets the wait;
+  *unproductive* (the memory is live, or not free yet): the wait before the next trim doubles
+  (from ``2 * min_interval`` up to ``backoff_max``). The floor is kept, so memory that was live at
+  that trim and is freed later is still seen as growth and trimmed after the wait (RSS does not
+  fall when memory is freed, so raising the floor would hide it for good); a process whose
+  memory stays live is trimmed at most once per ``backoff_max`` (a cheap trim: nothing is free).
+  A productive trim moves the floor to the RSS after it and resets the wait;
 - settling: no trim while RSS is still rising fast (more than ``settle`` bytes since the previous
   tick, a quarter of the slack by default): a trim in the middle of a spike returns nothing,
   stalls the allocating code on the arena lock, and would start a back-off that delays the trim
@@ -278,9 +282,10 @@ class PacingPolicy:
     ) -> bool:
         """Record a trim's outcome; return True when it was productive.
 
-        The floor becomes ``rss_after``; the wait before the next trim is reset to
-        ``min_interval`` after a productive trim, and doubled (capped at ``backoff_max``) after an
-        unproductive one.
+        After a productive trim the floor becomes ``rss_after`` and the wait before the next trim
+        is reset to ``min_interval``. After an unproductive one the floor is kept (lowered to
+        ``rss_after`` if that is lower) and the wait doubles, from ``2 * min_interval`` up to
+        ``backoff_max``.
         """
         productive = released >= max(self._min_release, int(self._release_fraction * growth))
         if productive:
@@ -290,9 +295,10 @@ class PacingPolicy:
         else:
             self._wait = min(self._backoff_max, 2 * self._wait)
         self._last_trim = now
-        self._floor = rss_after
-        self._traced_floor = traced
         self._previous = rss_after
+        if productive or self._floor is None or rss_after < self._floor:
+            self._floor = rss_after
+            self._traced_floor = traced
         return productive
 
 
