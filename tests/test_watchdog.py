@@ -281,6 +281,7 @@ def test_runner_bad_arguments(
         ({"quiet": -0.1}, ValueError, "quiet"),
         ({"idle_deadline": -1}, ValueError, "idle_deadline must be >= 0"),
         ({"idle_gating": None}, TypeError, "idle_gating must be a bool"),
+        ({"quiet": 0.5, "long_quiet": 0.1}, ValueError, "long_quiet"),
     ],
 )
 def test_watchdog_bad_gating_arguments(
@@ -500,8 +501,9 @@ def test_watchdog_backs_off_when_memory_is_live() -> None:
         async def main():
             base = rss()
             # min_interval of 10 ticks: unproductive trims at most at ticks 0, 20, 60...
+            # (long_quiet short: time spent waiting for idle does not count as ticks)
             async with Watchdog(interval=0.01, slack="64 MiB", min_interval=0.1,
-                                backoff_max=10.0) as wd:
+                                backoff_max=10.0, long_quiet=0.01) as wd:
                 await asyncio.sleep(0.03)
                 held = live()                       # ~370 MiB, all of it live
                 grown = rss() - base

@@ -20,9 +20,10 @@ Both run the same pacing policy (:class:`PacingPolicy`), which decides *when* a 
   that matters, right after the spike;
 - a minimum interval between two trims, whatever the trigger says.
 
-The :class:`Watchdog` adds idle gating: when the policy says "trim", it waits for a quiet moment
-on the event loop (loop lag under ``busy_lag`` over a short ``quiet`` window) and trims then,
-in a thread, or trims anyway once ``idle_deadline`` seconds have passed. This matters because
+The :class:`Watchdog` adds idle gating: when the policy says "trim", it samples the event loop
+(lateness of short sleeps, and asyncio's ready queue) and trims, in a thread, at the start of a
+quiet gap (``quiet`` seconds of quiet right after busy samples) or after ``long_quiet`` seconds
+of quiet, or anyway once ``idle_deadline`` seconds have passed. This matters because
 glibc holds an arena's lock for the whole trim: a loop that mallocs objects over ~1 KiB during
 the trim blocks in malloc, holding the GIL, for the rest of it.
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections.abc
 import contextlib
 import logging
 import math
@@ -66,6 +68,10 @@ Decision = Literal["below-slack", "rising", "min-interval", "backoff", "trim"]
 """What :meth:`PacingPolicy.decide` answers."""
 
 Gate = Literal["idle", "deadline", "ungated", "thread"]
+
+# An idle loop has at most one other callback queued when the watchdog wakes (a timer of
+# another task that fell due at the same moment); two or more means work is in flight.
+_READY_BUSY = 2
 
 
 # ---- argument checks ------------------------------------------------------------------------
@@ -549,10 +555,12 @@ class Watchdog(_Runner):
     """Trim in the background of an asyncio program, paced by a :class:`PacingPolicy`.
 
     Every ``interval`` seconds it reads RSS (cheap) and measures the loop's lag. When the policy
-    says "trim" and ``idle_gating`` is on, it samples the loop for ``quiet`` seconds; if every
-    sample is less than ``busy_lag`` late, the loop is idle and it trims at once, in a dedicated
-    thread; otherwise it retries every ``quiet`` seconds until ``idle_deadline`` and then trims
-    anyway.
+    says "trim" and ``idle_gating`` is on, it samples the loop every ``busy_lag`` seconds; a
+    sample is busy when it woke more than ``busy_lag`` late or other callbacks were queued. It
+    trims, in a dedicated thread, once the loop has been quiet for ``quiet`` seconds right after
+    being busy (the start of a gap between bursts), or for ``long_quiet`` seconds (no traffic),
+    or anyway at ``idle_deadline`` seconds. The trim cannot be paused: a request arriving during
+    it that mallocs more than ~1 KiB waits for it (see docs/watchdog.md for the bound).
 
     Use it as ``async with Watchdog(...)``, with ``start()`` / ``await stop()``, or as a task:
     ``asyncio.create_task(watchdog.run())``. Policy arguments (``slack``, ``min_interval``,
@@ -581,6 +589,7 @@ class Watchdog(_Runner):
         idle_gating: bool = True,
         busy_lag: float = 0.002,
         quiet: float = 0.01,
+        long_quiet: float = 0.5,
         idle_deadline: float = 30.0,
         pools: bool = False,
         on_trim: Callable[[TrimEvent], object] | None = None,
@@ -602,6 +611,9 @@ class Watchdog(_Runner):
         self._idle_gating = _flag("idle_gating", idle_gating)
         self._busy_lag = _seconds("busy_lag", busy_lag)
         self._quiet = _seconds("quiet", quiet)
+        self._long_quiet = _seconds("long_quiet", long_quiet)
+        if self._long_quiet < self._quiet:
+            raise ValueError(f"long_quiet ({long_quiet!r} s) must be >= quiet ({quiet!r} s)")
         self._idle_deadline = _seconds("idle_deadline", idle_deadline, allow_zero=True)
         self._task: asyncio.Task[None] | None = None
         self._trim_thread: threading.Thread | None = None
@@ -690,30 +702,43 @@ class Watchdog(_Runner):
                 self._task = None
 
     async def _wait_for_idle(self, loop: asyncio.AbstractEventLoop) -> tuple[Gate, float]:
+        """Sample the loop every ``busy_lag`` seconds until it is idle or the deadline passes.
+
+        Idle means: quiet for ``quiet`` seconds right after busy samples (the start of a gap
+        between bursts, the best moment to start a trim), or quiet for ``long_quiet`` seconds
+        (a loop with no traffic). A sample is busy when the wake-up was more than ``busy_lag``
+        late, or when other callbacks were queued to run (asyncio's ready queue, when the loop
+        exposes it).
+        """
         started = loop.time()
         deadline = started + self._idle_deadline
+        seen_busy = False
+        quiet_since: float | None = None
         while True:
-            if await self._loop_is_quiet(loop):
-                return "idle", loop.time() - started
-            if loop.time() >= deadline:
-                return "deadline", loop.time() - started
-            self._count(skipped_busy=1)
+            sampled = loop.time()
+            busy = await self._sample_is_busy(loop)
+            now = loop.time()
+            if busy:
+                seen_busy = True
+                quiet_since = None
+                self._count(skipped_busy=1)
+            else:
+                if quiet_since is None:
+                    quiet_since = sampled
+                quiet_for = now - quiet_since
+                if (seen_busy and quiet_for >= self._quiet) or quiet_for >= self._long_quiet:
+                    return "idle", now - started
+            if now >= deadline:
+                return "deadline", now - started
 
-    async def _loop_is_quiet(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Sample the loop for ``quiet`` seconds; quiet when no wake-up is ``busy_lag`` late."""
-        step = min(self._quiet, self._busy_lag)
-        end = loop.time() + self._quiet
-        quiet = True
-        while True:
-            scheduled = loop.time() + step
-            await asyncio.sleep(step)
-            woke = loop.time()
-            lag = woke - scheduled
-            self._count(lag_last=lag, lag_max=lag)
-            if lag > self._busy_lag:
-                quiet = False
-            if woke >= end:
-                return quiet
+    async def _sample_is_busy(self, loop: asyncio.AbstractEventLoop) -> bool:
+        scheduled = loop.time() + self._busy_lag
+        await asyncio.sleep(self._busy_lag)
+        lag = max(0.0, loop.time() - scheduled)
+        self._count(lag_last=lag, lag_max=lag)
+        ready = getattr(loop, "_ready", None)  # asyncio's default loops; not uvloop
+        queued = len(ready) if isinstance(ready, collections.abc.Sized) else 0
+        return lag > self._busy_lag or queued >= _READY_BUSY
 
     async def _trim_in_thread(self, loop: asyncio.AbstractEventLoop) -> TrimResult:
         """Run trim() in a dedicated thread (not the default executor, which may be busy)."""
