@@ -89,7 +89,8 @@ STARLETTE_APP = SPIKE + textwrap.dedent(
 
     app = Starlette(
         routes=[Route("/", root), Route("/spike", do_spike), Route("/counters", counters)],
-        lifespan=watchdog_lifespan(interval=0.1, slack="64 MiB", min_interval=0.1),
+        lifespan=watchdog_lifespan(interval=0.1, slack="64 MiB", min_interval=0.1,
+                                   long_quiet=0.1),
     )
     """
 )
@@ -114,7 +115,8 @@ RAW_ASGI_APP = SPIKE + textwrap.dedent(
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
 
-    app = WatchdogMiddleware(inner, interval=0.1, slack="64 MiB", min_interval=0.1)
+    app = WatchdogMiddleware(inner, interval=0.1, slack="64 MiB", min_interval=0.1,
+                             long_quiet=0.1)
     """
 )
 

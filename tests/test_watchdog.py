@@ -500,9 +500,9 @@ def test_watchdog_backs_off_when_memory_is_live() -> None:
         """
         async def main():
             base = rss()
-            # min_interval of 10 ticks: unproductive trims at most at ticks 0, 20, 60...
+            # min_interval of 25 ticks: unproductive trims at most at ticks 0, 50, 150...
             # (long_quiet short: time spent waiting for idle does not count as ticks)
-            async with Watchdog(interval=0.01, slack="64 MiB", min_interval=0.1,
+            async with Watchdog(interval=0.01, slack="64 MiB", min_interval=0.25,
                                 backoff_max=10.0, long_quiet=0.01) as wd:
                 await asyncio.sleep(0.03)
                 held = live()                       # ~370 MiB, all of it live
@@ -792,8 +792,8 @@ def test_trimmer_backs_off_when_memory_is_live() -> None:
         """
         wait = threading.Event()
         base = rss()
-        # min_interval of 10 ticks: unproductive trims at most at ticks 0, 20, 60...
-        with BackgroundTrimmer(interval=0.01, slack="64 MiB", min_interval=0.1,
+        # min_interval of 25 ticks: unproductive trims at most at ticks 0, 50, 150...
+        with BackgroundTrimmer(interval=0.01, slack="64 MiB", min_interval=0.25,
                                backoff_max=10.0) as t:
             while t.counters.ticks < 3:
                 wait.wait(0.005)
