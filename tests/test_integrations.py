@@ -468,6 +468,78 @@ def test_celery_task_postrun_returns_a_task_spike() -> None:
     assert result["after"] - result["base"] < 0.25 * spike_size
 
 
+CELERY_APP = SPIKE + textwrap.dedent(
+    """
+    from celery import Celery, signals
+    from memreclaim.integrations.celery import install
+
+    app = Celery("app_celery", broker="memory://")
+    app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
+    trimming = install(interval=0.1, slack="64 MiB", min_interval=0.1)
+
+    @app.task
+    def spike_task():
+        base = memreclaim.rss()
+        spike()
+        with open(os.environ["MEMRECLAIM_TEST_OUT"], "w") as out:
+            out.write(info(base=base, trimmer_running=trimming.trimmer.running).decode())
+
+    @signals.worker_ready.connect
+    def send_the_task(sender=None, **kwargs):
+        # the in-memory broker lives in this (main worker) process: publish from here
+        spike_task.delay()
+    """
+)
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_celery_prefork_worker_gives_a_task_spike_back(tmp_path: Path) -> None:
+    """A real Celery worker (prefork pool, 1 process) with kombu's in-memory broker."""
+    pytest.importorskip("celery")
+    (tmp_path / "app_celery.py").write_text(CELERY_APP)
+    out = tmp_path / "task.json"
+    env = {**os.environ, "MEMRECLAIM_TEST_OUT": str(out)}
+    args = [
+        sys.executable, "-m", "celery", "-A", "app_celery", "worker", "--pool=prefork",
+        "--concurrency=1", "--loglevel=warning", "--without-heartbeat", "--without-gossip",
+        "--without-mingle",
+    ]  # fmt: skip
+    log = open(tmp_path / "worker.log", "w+")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        for _ in range(600):  # up to ~60 s for the worker to start and run the task
+            if out.exists() and out.stat().st_size:
+                break
+            assert proc.poll() is None, (tmp_path / "worker.log").read_text()
+            time.sleep(0.1)
+        else:
+            pytest.fail("the task did not run:\n" + (tmp_path / "worker.log").read_text())
+        task = json.loads(out.read_text())
+        pid = task["pid"]
+        assert pid != proc.pid  # it ran in the pool process
+        peak = peak_rss(pid)
+        trail = []
+        for _ in range(20):
+            time.sleep(0.1)
+            trail.append(statm_rss(pid))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        log.close()
+    spike_size = peak - task["base"]
+    assert task["trimmer_running"] is True  # started by worker_process_init in the pool process
+    assert spike_size > 300 * MiB, task
+    back = first_tick_below(trail, task["base"] + 0.25 * spike_size)
+    assert back is not None and back <= 5, (task, trail)
+
+
 def test_trimmer_type_is_shared() -> None:
     assert isinstance(make_hooks().trimmer, BackgroundTrimmer)
     assert isinstance(CeleryTrimming().trimmer, BackgroundTrimmer)

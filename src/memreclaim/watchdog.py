@@ -4,16 +4,17 @@ Both run the same pacing policy (:class:`PacingPolicy`), which decides *when* a 
 
 - the tick is cheap: one :func:`memreclaim.rss` read (a ``pread`` of ``/proc/self/statm``), never
   a heap walk;
-- trigger: RSS grew more than ``slack`` bytes over the *floor*, the lowest RSS seen since the last
-  trim (or since start). When tracemalloc is tracing, growth that tracemalloc explains (live
-  Python objects) is subtracted, so a growing live heap does not count;
+- trigger: RSS grew more than ``slack`` bytes over the *floor*, the lowest RSS seen since start
+  (a trim that ends lower lowers it; the floor never moves up). When tracemalloc is tracing,
+  growth that tracemalloc explains (live Python objects) is subtracted, so a growing live heap
+  does not count. The floor never moves up because RSS does not fall when memory is freed:
+  memory that was live (or not yet freed) at one trim and is freed later would otherwise be
+  invisible for good;
 - back-off: a trim that returns less than ``max(min_release, release_fraction * growth)`` is
   *unproductive* (the memory is live, or not free yet): the wait before the next trim doubles
-  (from ``2 * min_interval`` up to ``backoff_max``). The floor is kept, so memory that was live at
-  that trim and is freed later is still seen as growth and trimmed after the wait (RSS does not
-  fall when memory is freed, so raising the floor would hide it for good); a process whose
-  memory stays live is trimmed at most once per ``backoff_max`` (a cheap trim: nothing is free).
-  A productive trim moves the floor to the RSS after it and resets the wait;
+  (from ``2 * min_interval`` up to ``backoff_max``), so a process whose memory stays live is
+  trimmed at ``min_interval`` x 0, 2, 6, 14, 30... and then once per ``backoff_max`` (a cheap
+  trim: nothing is free). A productive trim resets the wait to ``min_interval``;
 - settling: no trim while RSS is still rising fast (more than ``settle`` bytes since the previous
   tick, a quarter of the slack by default): a trim in the middle of a spike returns nothing,
   stalls the allocating code on the arena lock, and would start a back-off that delays the trim
@@ -288,21 +289,20 @@ class PacingPolicy:
     ) -> bool:
         """Record a trim's outcome; return True when it was productive.
 
-        After a productive trim the floor becomes ``rss_after`` and the wait before the next trim
-        is reset to ``min_interval``. After an unproductive one the floor is kept (lowered to
-        ``rss_after`` if that is lower) and the wait doubles, from ``2 * min_interval`` up to
-        ``backoff_max``.
+        After a productive trim the wait before the next one is reset to ``min_interval``; after
+        an unproductive one it doubles (so from ``2 * min_interval``), up to ``backoff_max``. The
+        floor is lowered to ``rss_after`` if that is lower, never raised: what a trim left above
+        the floor + slack is tried again after the wait (a productive trim of a spike whose
+        free was still in progress is followed up; live memory meets the back-off).
         """
         productive = released >= max(self._min_release, int(self._release_fraction * growth))
         if productive:
             self._wait = self._min_interval
-        elif self._last_trim is None and self._wait == self._min_interval:
-            self._wait = min(self._backoff_max, 2 * self._min_interval)
         else:
             self._wait = min(self._backoff_max, 2 * self._wait)
         self._last_trim = now
         self._previous = rss_after
-        if productive or self._floor is None or rss_after < self._floor:
+        if self._floor is None or rss_after < self._floor:
             self._floor = rss_after
             self._traced_floor = traced
         return productive
@@ -555,7 +555,7 @@ class Watchdog(_Runner):
     """Trim in the background of an asyncio program, paced by a :class:`PacingPolicy`.
 
     Every ``interval`` seconds it reads RSS (cheap) and measures the loop's lag. When the policy
-    says "trim" and ``idle_gating`` is on, it samples the loop every ``busy_lag`` seconds; a
+    says "trim" and ``idle_gating`` is on, it samples the loop every ``busy_lag / 2`` seconds; a
     sample is busy when it woke more than ``busy_lag`` late or other callbacks were queued. It
     trims, in a dedicated thread, once the loop has been quiet for ``quiet`` seconds right after
     being busy (the start of a gap between bursts), or for ``long_quiet`` seconds (no traffic),
@@ -587,8 +587,8 @@ class Watchdog(_Runner):
         settle: int | str | None = None,
         policy: PacingPolicy | None = None,
         idle_gating: bool = True,
-        busy_lag: float = 0.002,
-        quiet: float = 0.01,
+        busy_lag: float = 0.005,
+        quiet: float = 0.05,
         long_quiet: float = 0.5,
         idle_deadline: float = 30.0,
         pools: bool = False,
@@ -702,7 +702,7 @@ class Watchdog(_Runner):
                 self._task = None
 
     async def _wait_for_idle(self, loop: asyncio.AbstractEventLoop) -> tuple[Gate, float]:
-        """Sample the loop every ``busy_lag`` seconds until it is idle or the deadline passes.
+        """Sample the loop every ``busy_lag / 2`` seconds until it is idle or the deadline passes.
 
         Idle means: quiet for ``quiet`` seconds right after busy samples (the start of a gap
         between bursts, the best moment to start a trim), or quiet for ``long_quiet`` seconds
@@ -732,8 +732,9 @@ class Watchdog(_Runner):
                 return "deadline", now - started
 
     async def _sample_is_busy(self, loop: asyncio.AbstractEventLoop) -> bool:
-        scheduled = loop.time() + self._busy_lag
-        await asyncio.sleep(self._busy_lag)
+        period = self._busy_lag / 2
+        scheduled = loop.time() + period
+        await asyncio.sleep(period)
         lag = max(0.0, loop.time() - scheduled)
         self._count(lag_last=lag, lag_max=lag)
         ready = getattr(loop, "_ready", None)  # asyncio's default loops; not uvloop
