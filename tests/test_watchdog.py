@@ -448,6 +448,38 @@ def test_watchdog_trim_error_is_logged_not_fatal(
     assert "OSError: simulated" in caplog.text
 
 
+def test_tick_errors_are_logged_not_fatal(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memreclaim.watchdog as wd
+
+    real_rss = memreclaim.rss
+    failures = {"left": 3}
+
+    def flaky_rss() -> int:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError("statm unreadable")
+        return real_rss()
+
+    async def main() -> Counters:
+        async with Watchdog(interval=0.005) as watchdog:
+            while watchdog.counters.ticks < 1:  # started: the floor is set
+                await asyncio.sleep(0.005)
+            monkeypatch.setattr(wd, "rss", flaky_rss)
+            for _ in range(2000):  # bounded
+                if not failures["left"] and watchdog.counters.ticks >= 3:
+                    break
+                await asyncio.sleep(0.005)
+            assert watchdog.running
+            return watchdog.counters
+
+    with caplog.at_level(logging.ERROR, logger="memreclaim"):
+        counters = asyncio.run(main())
+    assert counters.ticks >= 3
+    assert "tick failed" in caplog.text and "OSError: statm unreadable" in caplog.text
+
+
 # ---- Watchdog: memory, in subprocesses -------------------------------------------------------
 
 

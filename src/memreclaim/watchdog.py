@@ -521,6 +521,10 @@ class _Runner:
         self._count(trim_errors=1)
         logger.exception("%s %s: trim() raised", self._kind, self._name)
 
+    def _forget_after_fork(self) -> None:
+        """Called in a forked child: drop what belongs to the parent's threads."""
+        self._lock = threading.Lock()
+
     def _reset_policy(self) -> None:
         current = rss()
         with self._lock:
@@ -535,7 +539,7 @@ _instances: weakref.WeakSet[_Runner] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for instance in list(_instances):
-        instance._forget_after_fork()  # type: ignore[attr-defined]
+        instance._forget_after_fork()
 
 
 def _at_exit() -> None:
@@ -565,7 +569,8 @@ class Watchdog(_Runner):
     Use it as ``async with Watchdog(...)``, with ``start()`` / ``await stop()``, or as a task:
     ``asyncio.create_task(watchdog.run())``. Policy arguments (``slack``, ``min_interval``,
     ``backoff_max``, ``min_release``, ``release_fraction``, ``settle``) build a
-    :class:`PacingPolicy`; pass ``policy=`` instead to share or pre-build one. ``on_trim`` is
+    :class:`PacingPolicy`; or pass a pre-built one as ``policy=`` (one policy per runner: it
+    holds the runner's state). ``on_trim`` is
     called, on the loop thread, with a :class:`TrimEvent` after every trim; an exception in it
     is logged and counted.
 
@@ -682,7 +687,11 @@ class Watchdog(_Runner):
                 scheduled = loop.time() + self._interval
                 await asyncio.sleep(self._interval)
                 now = loop.time()
-                decision, growth = self._check(now, max(0.0, now - scheduled))
+                try:
+                    decision, growth = self._check(now, max(0.0, now - scheduled))
+                except Exception:  # e.g. /proc unreadable: log, keep ticking
+                    logger.exception("Watchdog %s: tick failed", self._name)
+                    continue
                 if decision != "trim":
                     continue
                 gate: Gate = "ungated"
