@@ -872,10 +872,18 @@ def test_trimmer_after_fork() -> None:
         while t.counters.ticks < 3:
             wait.wait(0.005)
         read_fd, write_fd = os.pipe()
+        # Fork while the trimmer's locks are held, as when its thread is mid-tick: without the
+        # at-fork handler the child would inherit held locks and hang in counters/tick/start.
+        t._lock.acquire()
+        t._tick_lock.acquire()
         pid = os.fork()
         if pid == 0:
+            import signal
+            signal.alarm(20)                        # a hang becomes a failure, not a timeout
             report = {"running_in_child": t.running, "thread_in_child": t.thread is not None}
             try:
+                report["child_ticks"] = t.counters.ticks
+                t.tick()
                 base = rss()
                 t.start()                           # one per worker: start it again here
                 report["restarted"] = t.running
@@ -889,6 +897,8 @@ def test_trimmer_after_fork() -> None:
             finally:
                 os.write(write_fd, json.dumps(report).encode())
                 os._exit(0)
+        t._tick_lock.release()
+        t._lock.release()
         os.close(write_fd)
         _, status = os.waitpid(pid, 0)
         child = json.loads(os.read(read_fd, 65536).decode())
