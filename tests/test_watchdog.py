@@ -916,3 +916,27 @@ def test_trimmer_after_fork() -> None:
     assert child["stopped"] is True
     assert result["parent_running"] is True and result["parent_stopped"] is True
     assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.timeout(60)
+def test_interpreter_exit_with_a_running_trimmer_is_clean() -> None:
+    result, stderr = run_script(
+        """
+        import memreclaim.watchdog as wd
+        wait = threading.Event()
+        t = BackgroundTrimmer(interval=0.001, slack="1 MiB", min_interval=0.001)
+        t.start()
+        blob = b"x" * (64 * MiB)               # keeps it trimming (unproductive, backing off)
+        while t.counters.ticks < 5:
+            wait.wait(0.005)
+        thread = t.thread
+        wd._at_exit()                           # what atexit runs
+        stopped = {"running": t.running, "alive": thread.is_alive()}
+        t.start()                               # and now exit without stopping it at all
+        while t.counters.trims < 2:
+            wait.wait(0.001)
+        out(**stopped)
+        """
+    )
+    assert result == {"running": False, "alive": False}
+    assert "Traceback" not in stderr and "Fatal" not in stderr, stderr
