@@ -6,11 +6,16 @@ built on it. All sizes are in bytes.
     >>> import memreclaim
     >>> result = memreclaim.trim()          # malloc_trim(0) / jemalloc purge / mi_collect ...
     >>> result.released, result.allocator   # bytes given back, measured from RSS
+
+The policy layer (the watchdogs in :mod:`memreclaim.watchdog`, the diagnosis engine in
+:mod:`memreclaim.diagnosis`) is re-exported here too, but imported on first use, so that
+``import memreclaim`` stays as light as the api layer.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, Any
 
 from ._core import (
     MMAP_THRESHOLD_MAX,
@@ -29,7 +34,6 @@ from ._core import (
     trim,
 )
 from ._version import __version__
-from .diagnosis import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
 from .glibc import ArenaInfo, arenas, set_arena_max
 from .pools import (
     PoolReclaimResult,
@@ -42,19 +46,55 @@ from .pools import (
 )
 from .units import format_bytes, parse_bytes
 
+if TYPE_CHECKING:
+    from .diagnosis import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
+    from .watchdog import BackgroundTrimmer, Counters, PacingPolicy, TrimEvent, Watchdog
+
+# Policy-layer names and the module each comes from, imported on first use.
+_LAZY_EXPORTS = {
+    **dict.fromkeys(
+        ("AllocationSite", "Report", "Snapshot", "ameasure", "diagnose", "measure", "snapshot"),
+        "diagnosis",
+    ),
+    **dict.fromkeys(
+        ("BackgroundTrimmer", "Counters", "PacingPolicy", "TrimEvent", "Watchdog"), "watchdog"
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY_EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memreclaim' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_EXPORTS))
+
+
 __all__ = [
     "MMAP_THRESHOLD_MAX",
     "AllocationSite",
     "ArenaInfo",
+    "BackgroundTrimmer",
+    "Counters",
     "HeapStats",
     "MemoryStats",
+    "PacingPolicy",
     "PoolReclaimResult",
     "PoolReclaimStatus",
     "PoolReclaimUnavailable",
     "Report",
     "Snapshot",
+    "TrimEvent",
     "TrimResult",
     "UnsupportedAllocatorError",
+    "Watchdog",
     "__version__",
     "allocator",
     "allocator_version",
@@ -87,5 +127,8 @@ async def trim_async(*, pools: bool = False) -> TrimResult:
     Off-loop is necessary but not sufficient: while glibc trims an arena it holds that arena's
     lock, and a loop thread that mallocs more than ~1 KiB meanwhile waits for it (holding the
     GIL). :class:`memreclaim.watchdog.Watchdog` paces trims to the loop's idle time.
+
+    The trim runs in the loop's default executor; if the task awaiting it is cancelled, the
+    trim itself still completes in that thread (it cannot be interrupted).
     """
     return await asyncio.to_thread(trim, pools=pools)

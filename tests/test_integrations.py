@@ -1,0 +1,545 @@
+"""Tests of memreclaim.integrations against real servers (gunicorn, uvicorn) on 127.0.0.1.
+
+Each server runs in its own process with the seed-000 spike behind an HTTP endpoint; the test
+reads the worker's RSS from /proc/PID/statm and checks, in ticks of the trimmer (never in
+asserted timings), that it falls back. A control run without the hooks shows the memory stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import memreclaim
+from memreclaim.integrations.asgi import WatchdogMiddleware, watchdog_lifespan
+from memreclaim.integrations.celery import CeleryTrimming, install
+from memreclaim.integrations.gunicorn import make_hooks
+from memreclaim.watchdog import BackgroundTrimmer, Watchdog
+
+MiB = 2**20
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+glibc_only = pytest.mark.skipif(
+    memreclaim.allocator() != "glibc", reason="the retained-spike shape is glibc's"
+)
+
+SPIKE = textwrap.dedent(
+    """
+    import gc, json, os, random
+    import memreclaim
+
+    KEPT = []
+
+    def spike():
+        r = random.Random(0)
+        data = [("x" * r.randint(600, 4000), r.random()) for _ in range(160_000)]
+        KEPT.append(data[::50])
+        del data
+        gc.collect()
+
+    def info(**extra):
+        return json.dumps({"pid": os.getpid(), "rss": memreclaim.rss(), **extra}).encode()
+    """
+)
+
+WSGI_APP = SPIKE + textwrap.dedent(
+    """
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/spike":
+            spike()
+        body = info()
+        start_response("200 OK", [("Content-Type", "application/json"),
+                                  ("Content-Length", str(len(body)))])
+        return [body]
+    """
+)
+
+STARLETTE_APP = SPIKE + textwrap.dedent(
+    """
+    from dataclasses import asdict
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+    from memreclaim.integrations.asgi import watchdog_lifespan
+
+    async def root(request):
+        return Response(info(), media_type="application/json")
+
+    async def do_spike(request):
+        spike()                      # on the loop, like a CPU-heavy async handler
+        return Response(info(), media_type="application/json")
+
+    async def counters(request):
+        wd = request.state.memreclaim_watchdog
+        return Response(info(counters=asdict(wd.counters)), media_type="application/json")
+
+    app = Starlette(
+        routes=[Route("/", root), Route("/spike", do_spike), Route("/counters", counters)],
+        lifespan=watchdog_lifespan(interval=0.1, slack="64 MiB", min_interval=0.1,
+                                   long_quiet=0.1),
+    )
+    """
+)
+
+RAW_ASGI_APP = SPIKE + textwrap.dedent(
+    """
+    from memreclaim.integrations.asgi import WatchdogMiddleware
+
+    async def inner(scope, receive, send):
+        if scope["type"] == "lifespan":          # an app that ignores lifespan events
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["path"] == "/spike":
+            spike()
+        body = info()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+    app = WatchdogMiddleware(inner, interval=0.1, slack="64 MiB", min_interval=0.1,
+                             long_quiet=0.1)
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def get(port: int, path: str, timeout: float = 30.0) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as response:
+        data: dict[str, Any] = json.loads(response.read())
+        return data
+
+
+def peak_rss(pid: int) -> int:
+    """VmHWM: the worker's high-water mark, which proves the spike happened even if a trimmer
+    thread already gave part of it back while the request was still running."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def statm_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1]) * PAGE
+
+
+@contextlib.contextmanager
+def server(args: list[str], cwd: Path, port: int) -> Iterator[subprocess.Popen[str]]:
+    """Start a server process, wait until it answers on port, and always stop it."""
+    log = open(cwd / "server.log", "w+")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        args, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        for _ in range(300):  # up to ~30 s to come up on a loaded machine
+            if proc.poll() is not None:
+                break
+            try:
+                get(port, "/", timeout=1.0)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("server did not come up")
+        if proc.poll() is not None:
+            log.seek(0)
+            pytest.fail(f"server exited ({proc.returncode}):\n{log.read()}")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        log.close()
+
+
+def spike_and_watch(port: int, ticks: int, tick: float = 0.1) -> dict[str, Any]:
+    """Baseline, spike over HTTP, then the worker's RSS from /proc every tick for `ticks` ticks."""
+    base = get(port, "/")
+    spiked = get(port, "/spike")
+    assert spiked["pid"] == base["pid"], "one worker expected"
+    peak = peak_rss(spiked["pid"])
+    trail = []
+    for _ in range(ticks):
+        time.sleep(tick)
+        trail.append(statm_rss(spiked["pid"]))
+    return {
+        "base": base["rss"],
+        "spiked": spiked["rss"],
+        "peak": peak,
+        "trail": trail,
+        "pid": spiked["pid"],
+    }
+
+
+def first_tick_below(trail: list[int], level: float) -> int | None:
+    return next((i for i, value in enumerate(trail) if value < level), None)
+
+
+GUNICORN_CONF = textwrap.dedent(
+    """
+    from memreclaim.integrations.gunicorn import make_hooks
+
+    _memreclaim = make_hooks(thread={thread}, interval=0.1, slack="64 MiB", min_interval=0.1)
+    post_fork = _memreclaim.post_fork
+    worker_exit = _memreclaim.worker_exit
+    {post_request}
+    """
+)
+
+
+def gunicorn_args(port: int, conf: str | None) -> list[str]:
+    args = [sys.executable, "-m", "gunicorn", "-w", "1", "-b", f"127.0.0.1:{port}"]
+    if conf:
+        args += ["-c", conf]
+    return [*args, "--timeout", "60", "app_wsgi:app"]
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "mode",
+    ["post_fork-thread", "post_request-only", "no-hooks"],
+)
+def test_gunicorn_worker_gives_the_spike_back(tmp_path: Path, mode: str) -> None:
+    pytest.importorskip("gunicorn")
+    (tmp_path / "app_wsgi.py").write_text(WSGI_APP)
+    conf = None
+    if mode != "no-hooks":
+        thread = mode == "post_fork-thread"
+        post_request = "" if thread else "post_request = _memreclaim.post_request"
+        (tmp_path / "conf_memreclaim.py").write_text(
+            GUNICORN_CONF.format(thread=thread, post_request=post_request)
+        )
+        conf = "conf_memreclaim.py"
+    port = free_port()
+    with server(gunicorn_args(port, conf), tmp_path, port):
+        watched = spike_and_watch(port, ticks=20)
+    spike_size = watched["peak"] - watched["base"]
+    assert spike_size > 300 * MiB, watched
+    back = first_tick_below(watched["trail"], watched["base"] + 0.25 * spike_size)
+    if mode == "no-hooks":
+        # control: without memreclaim the worker keeps the spike for all 20 ticks
+        assert watched["spiked"] - watched["base"] > 0.75 * spike_size, watched
+        assert back is None, watched
+        assert min(watched["trail"]) > watched["base"] + 0.75 * spike_size
+    else:
+        assert back is not None and back <= 5, watched  # back within a few intervals
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("app_module", ["starlette", "raw"])
+def test_uvicorn_app_gives_the_spike_back(tmp_path: Path, app_module: str) -> None:
+    pytest.importorskip("uvicorn")
+    if app_module == "starlette":
+        pytest.importorskip("starlette")
+    source = STARLETTE_APP if app_module == "starlette" else RAW_ASGI_APP
+    (tmp_path / "app_asgi.py").write_text(source)
+    port = free_port()
+    args = [
+        sys.executable, "-m", "uvicorn", "app_asgi:app", "--host", "127.0.0.1",
+        "--port", str(port), "--lifespan", "on", "--log-level", "warning",
+    ]  # fmt: skip
+    with server(args, tmp_path, port) as proc:
+        watched = spike_and_watch(port, ticks=20)
+        counters = get(port, "/counters")["counters"] if app_module == "starlette" else None
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)
+        log = (tmp_path / "server.log").read_text()
+    spike_size = watched["peak"] - watched["base"]
+    assert spike_size > 300 * MiB, watched
+    back = first_tick_below(watched["trail"], watched["base"] + 0.25 * spike_size)
+    assert back is not None and back <= 5, watched
+    if counters is not None:
+        assert counters["trims"] >= 1 and counters["bytes_released"] > 0.5 * spike_size
+    # a clean shutdown: the watchdog stopped with the lifespan (uvicorn re-raises SIGTERM
+    # after its graceful shutdown, hence -SIGTERM)
+    assert proc.returncode in (0, -signal.SIGTERM), log
+    assert "Task was destroyed" not in log and "Traceback" not in log, log
+
+
+# ---- ASGI helpers without a server ----------------------------------------------------------
+
+
+def test_watchdog_lifespan_runs_inner_and_merges_state() -> None:
+    events: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def inner(app: Any) -> Any:
+        events.append("inner-start")
+        yield {"db": "connection"}
+        events.append("inner-stop")
+
+    lifespan = watchdog_lifespan(inner, interval=0.005)
+    watchdog: Watchdog = lifespan.watchdog  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        async with lifespan(object()) as state:
+            assert state["db"] == "connection"
+            assert state["memreclaim_watchdog"] is watchdog
+            assert watchdog.running
+            await asyncio.sleep(0.03)
+        assert not watchdog.running
+
+    asyncio.run(main())
+    assert events == ["inner-start", "inner-stop"]
+    assert watchdog.counters.ticks > 0
+
+
+def test_asgi_helpers_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="interval must be > 0"):
+        watchdog_lifespan(interval=0)
+    with pytest.raises(TypeError, match="inner must be a lifespan callable"):
+        watchdog_lifespan(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="app must be an ASGI callable"):
+        WatchdogMiddleware("app")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="slack must be > 0"):
+        WatchdogMiddleware(lambda s, r, w: None, slack=0)  # type: ignore[arg-type,return-value]
+
+
+def test_watchdog_middleware_lifespan_protocol() -> None:
+    seen: list[str] = []
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            seen.append(message["type"])
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    middleware = WatchdogMiddleware(inner, interval=0.005)
+
+    async def main() -> list[str]:
+        incoming: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+        sent: list[str] = []
+
+        async def send(message: Any) -> None:
+            sent.append(message["type"])
+
+        task = asyncio.create_task(middleware({"type": "lifespan"}, incoming.get, send))
+        await incoming.put({"type": "lifespan.startup"})
+        while "lifespan.startup.complete" not in sent:
+            await asyncio.sleep(0.001)
+        assert middleware.watchdog.running
+        await asyncio.sleep(0.03)
+        await incoming.put({"type": "lifespan.shutdown"})
+        await task
+        assert not middleware.watchdog.running
+        return sent
+
+    sent = asyncio.run(main())
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert seen == ["lifespan.startup", "lifespan.shutdown"]
+    assert middleware.watchdog.counters.ticks > 0
+
+
+# ---- gunicorn hooks without a server --------------------------------------------------------
+
+
+def test_gunicorn_hooks_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="interval must be > 0"):
+        make_hooks(interval=-1)
+    with pytest.raises(TypeError, match="thread must be a bool"):
+        make_hooks(thread="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        make_hooks(intervall=1)
+
+
+def test_gunicorn_hooks_validate_in_gunicorn_config() -> None:
+    gunicorn_config = pytest.importorskip("gunicorn.config")
+    hooks = make_hooks(interval=0.005)
+    config = gunicorn_config.Config()
+    # gunicorn checks the arity of every hook when it is set
+    config.set("post_fork", hooks.post_fork)
+    config.set("worker_exit", hooks.worker_exit)
+    config.set("post_request", hooks.post_request)
+    config.post_fork(None, None)
+    try:
+        assert hooks.trimmer.running
+        config.post_request(None, None, {}, None)
+    finally:
+        config.worker_exit(None, None)
+    assert not hooks.trimmer.running
+
+
+# ---- Celery --------------------------------------------------------------------------------
+
+
+def test_celery_handlers_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="slack must be > 0"):
+        CeleryTrimming(slack=0)
+    with pytest.raises(TypeError, match="thread must be a bool"):
+        CeleryTrimming(thread=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="main_process must be a bool"):
+        install(main_process="no")  # type: ignore[arg-type]
+
+
+def test_celery_signals_drive_the_trimmer() -> None:
+    """Through Celery's real Signal objects (no broker here: signals are sent directly)."""
+    signals = pytest.importorskip("celery.signals")
+    trimming = install(interval=0.005, slack="8 MiB", min_interval=0.005)
+    try:
+        signals.worker_process_init.send(sender=None)
+        assert trimming.trimmer.running
+        blob = b"x" * (64 * MiB)  # live growth, then a task ends
+        before = trimming.trimmer.counters.ticks
+        signals.task_postrun.send(sender=None, task_id="t", task=None, args=(), kwargs={})
+        assert trimming.trimmer.counters.ticks > before
+        signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=0)
+        assert not trimming.trimmer.running
+        del blob
+    finally:
+        trimming.disconnect()
+    # disconnected: the signals no longer reach it
+    signals.worker_process_init.send(sender=None)
+    assert not trimming.trimmer.running
+
+
+def test_celery_thread_false_only_checks_after_tasks() -> None:
+    trimming = CeleryTrimming(thread=False, slack="8 MiB", min_interval=0.001)
+    trimming.on_worker_process_init()
+    assert not trimming.trimmer.running
+    blob = b"x" * (64 * MiB)
+    trimming.on_task_postrun()
+    assert trimming.trimmer.counters.trims == 1
+    del blob
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_celery_task_postrun_returns_a_task_spike() -> None:
+    """A task's spike is given back by the task_postrun check (subprocess, real signals)."""
+    pytest.importorskip("celery")
+    code = SPIKE + textwrap.dedent(
+        """
+        from celery import signals
+        from memreclaim.integrations.celery import install
+
+        trimming = install(thread=False, slack="64 MiB", min_interval=0.01)
+        signals.worker_process_init.send(sender=None)
+        base = memreclaim.rss()
+        spike()                                            # "the task"
+        retained = memreclaim.rss()
+        signals.task_postrun.send(sender=None, task_id="t", task=None, args=(), kwargs={})
+        print(json.dumps({"base": base, "retained": retained, "after": memreclaim.rss(),
+                          "trims": trimming.trimmer.counters.trims}))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    spike_size = result["retained"] - result["base"]
+    assert spike_size > 300 * MiB
+    assert result["trims"] == 1
+    assert result["after"] - result["base"] < 0.25 * spike_size
+
+
+CELERY_APP = SPIKE + textwrap.dedent(
+    """
+    from celery import Celery, signals
+    from memreclaim.integrations.celery import install
+
+    app = Celery("app_celery", broker="memory://")
+    app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
+    trimming = install(interval=0.1, slack="64 MiB", min_interval=0.1)
+
+    @app.task
+    def spike_task():
+        base = memreclaim.rss()
+        spike()
+        with open(os.environ["MEMRECLAIM_TEST_OUT"], "w") as out:
+            out.write(info(base=base, trimmer_running=trimming.trimmer.running).decode())
+
+    @signals.worker_ready.connect
+    def send_the_task(sender=None, **kwargs):
+        # the in-memory broker lives in this (main worker) process: publish from here
+        spike_task.delay()
+    """
+)
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_celery_prefork_worker_gives_a_task_spike_back(tmp_path: Path) -> None:
+    """A real Celery worker (prefork pool, 1 process) with kombu's in-memory broker."""
+    pytest.importorskip("celery")
+    (tmp_path / "app_celery.py").write_text(CELERY_APP)
+    out = tmp_path / "task.json"
+    env = {**os.environ, "MEMRECLAIM_TEST_OUT": str(out)}
+    args = [
+        sys.executable, "-m", "celery", "-A", "app_celery", "worker", "--pool=prefork",
+        "--concurrency=1", "--loglevel=warning", "--without-heartbeat", "--without-gossip",
+        "--without-mingle",
+    ]  # fmt: skip
+    log = open(tmp_path / "worker.log", "w+")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        for _ in range(600):  # up to ~60 s for the worker to start and run the task
+            if out.exists() and out.stat().st_size:
+                break
+            assert proc.poll() is None, (tmp_path / "worker.log").read_text()
+            time.sleep(0.1)
+        else:
+            pytest.fail("the task did not run:\n" + (tmp_path / "worker.log").read_text())
+        task = json.loads(out.read_text())
+        pid = task["pid"]
+        assert pid != proc.pid  # it ran in the pool process
+        peak = peak_rss(pid)
+        trail = []
+        for _ in range(20):
+            time.sleep(0.1)
+            trail.append(statm_rss(pid))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        log.close()
+    spike_size = peak - task["base"]
+    assert task["trimmer_running"] is True  # started by worker_process_init in the pool process
+    assert spike_size > 300 * MiB, task
+    back = first_tick_below(trail, task["base"] + 0.25 * spike_size)
+    assert back is not None and back <= 5, (task, trail)
+
+
+def test_trimmer_type_is_shared() -> None:
+    assert isinstance(make_hooks().trimmer, BackgroundTrimmer)
+    assert isinstance(CeleryTrimming().trimmer, BackgroundTrimmer)

@@ -1,0 +1,942 @@
+"""Tests of memreclaim.watchdog: PacingPolicy, Watchdog (asyncio) and BackgroundTrimmer (thread).
+
+Memory behaviour is tested in subprocesses (one fresh heap each) with the seed-000 spike:
+160,000 strings of 600-4,000 bytes from random.Random(0), every 50th kept, the rest freed:
+~370 MiB retained by glibc until a trim. Assertions are ratios against a baseline taken in the
+same process, and counts of ticks, never timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any
+
+import pytest
+
+import memreclaim
+from memreclaim import BackgroundTrimmer, Counters, PacingPolicy, TrimEvent, Watchdog
+from memreclaim.watchdog import Decision
+
+MiB = 2**20
+
+glibc_only = pytest.mark.skipif(
+    memreclaim.allocator() != "glibc", reason="the retained-spike shape is glibc's"
+)
+
+PRELUDE = textwrap.dedent(
+    """
+    import asyncio, gc, json, os, random, sys, threading, time
+    import memreclaim
+    from memreclaim import BackgroundTrimmer, Watchdog, rss
+
+    MiB = 2**20
+
+    def spike(keep_every=50):
+        r = random.Random(0)
+        data = [("x" * r.randint(600, 4000), r.random()) for _ in range(160_000)]
+        kept = data[::keep_every]
+        del data
+        gc.collect()
+        return kept
+
+    def live(n=160_000):
+        r = random.Random(0)
+        return [("x" * r.randint(600, 4000), r.random()) for _ in range(n)]
+
+    def spike_holding_the_gil():
+        # The spike is pure Python: with a long switch interval no other thread (a trimmer)
+        # gets the GIL until it is over, so "retained" is measured before any trim can run.
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(30.0)
+        try:
+            kept = spike()
+            return kept, rss()
+        finally:
+            sys.setswitchinterval(previous)
+
+    def out(**fields):
+        print("RESULT " + json.dumps(fields), flush=True)
+    """
+)
+
+
+def run_script(body: str, timeout: float = 60.0) -> tuple[dict[str, Any], str]:
+    """Run PRELUDE + body in a fresh interpreter; return its RESULT json and its stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", PRELUDE + textwrap.dedent(body)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, f"script failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no RESULT line:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(lines[-1][len("RESULT ") :]), proc.stderr
+
+
+# ---- PacingPolicy: pure, deterministic --------------------------------------------------------
+
+
+def test_policy_triggers_only_over_slack() -> None:
+    policy = PacingPolicy(slack="10 MiB", min_interval=1.0, settle="100 MiB")
+    policy.reset(100 * MiB)
+    assert policy.decide(1.0, 105 * MiB) == "below-slack"
+    assert policy.decide(2.0, 110 * MiB) == "below-slack"  # growth == slack is not over it
+    assert policy.decide(3.0, 111 * MiB) == "trim"
+    assert policy.growth(111 * MiB) == 11 * MiB
+
+
+def test_policy_waits_while_rss_is_rising() -> None:
+    policy = PacingPolicy(slack="10 MiB")  # settle: slack // 4
+    assert policy.settle == 10 * MiB // 4
+    policy.reset(100 * MiB)
+    assert policy.decide(1.0, 200 * MiB) == "rising"  # mid-spike: +100 MiB since last check
+    assert policy.decide(2.0, 300 * MiB) == "rising"
+    assert policy.decide(3.0, 301 * MiB) == "trim"  # it settled
+    slow = PacingPolicy(slack="10 MiB", settle=0)
+    slow.reset(100 * MiB)
+    assert slow.decide(1.0, 120 * MiB) == "rising"
+    assert slow.decide(2.0, 120 * MiB) == "trim"
+
+
+def test_policy_floor_follows_rss_down() -> None:
+    policy = PacingPolicy(slack="10 MiB", settle="1 GiB")
+    policy.reset(100 * MiB)
+    assert policy.decide(1.0, 80 * MiB) == "below-slack"
+    assert policy.floor == 80 * MiB
+    assert policy.decide(2.0, 95 * MiB) == "trim"  # 15 MiB over the new floor
+
+
+def test_policy_subtracts_traced_growth() -> None:
+    policy = PacingPolicy(slack="10 MiB", settle="1 GiB")
+    policy.reset(100 * MiB, traced=5 * MiB)
+    # RSS grew 50 MiB, 45 MiB of it traced (live Python objects): 5 MiB unexplained
+    assert policy.decide(1.0, 150 * MiB, traced=50 * MiB) == "below-slack"
+    # same growth, nothing traced: retention
+    assert policy.decide(2.0, 150 * MiB, traced=5 * MiB) == "trim"
+    off = PacingPolicy(slack="10 MiB", use_traced=False, settle="1 GiB")
+    off.reset(100 * MiB, traced=5 * MiB)
+    assert off.decide(1.0, 150 * MiB, traced=50 * MiB) == "trim"
+
+
+def test_policy_min_interval_and_productive_reset() -> None:
+    policy = PacingPolicy(slack="10 MiB", min_interval=5.0, backoff_max=60.0, settle="1 GiB")
+    policy.reset(100 * MiB)
+    assert policy.decide(0.0, 200 * MiB) == "trim"
+    assert policy.record_trim(0.0, growth=100 * MiB, released=90 * MiB, rss_after=110 * MiB)
+    assert policy.floor == 100 * MiB  # never raised
+    assert policy.decide(0.5, 105 * MiB) == "below-slack"
+    assert policy.floor == 100 * MiB
+    assert policy.wait == 5.0
+    assert policy.decide(1.0, 200 * MiB) == "min-interval"
+    assert policy.decide(5.0, 200 * MiB) == "trim"
+
+
+def test_policy_backs_off_on_unproductive_trims_and_caps() -> None:
+    policy = PacingPolicy(
+        slack="1 MiB", min_interval=1.0, backoff_max=16.0, min_release="1 MiB", settle="1 GiB"
+    )
+    policy.reset(100 * MiB)
+    waits = []
+    now = 0.0
+    rss_now = 100 * MiB
+    trims = 0
+    decisions: list[Decision] = []
+    # a live, growing heap: +10 MiB per tick, never reclaimable; 200 ticks of 1 s
+    for _ in range(200):
+        now += 1.0
+        rss_now += 10 * MiB
+        decision = policy.decide(now, rss_now)
+        decisions.append(decision)
+        if decision == "trim":
+            trims += 1
+            productive = policy.record_trim(
+                now, growth=policy.growth(rss_now), released=0, rss_after=rss_now
+            )
+            assert not productive
+            waits.append(policy.wait)
+    assert waits[:5] == [2.0, 4.0, 8.0, 16.0, 16.0]
+    assert max(waits) == 16.0
+    # without back-off this would be 200 trims; with it, 4 doublings then one per 16 ticks
+    assert trims <= 4 + 200 // 16 + 1
+    assert "backoff" in decisions
+    # a productive trim resets the wait
+    now += 100.0
+    assert policy.decide(now, rss_now + 100 * MiB) == "trim"
+    assert policy.record_trim(now, growth=110 * MiB, released=100 * MiB, rss_after=rss_now)
+    assert policy.wait == 1.0
+
+
+def test_policy_unproductive_trim_keeps_the_floor_and_retries_after_backoff() -> None:
+    # memory live at the first trim, freed (but retained) later: it must still be trimmed
+    policy = PacingPolicy(slack="10 MiB", min_interval=1.0, backoff_max=8.0, settle="1 GiB")
+    policy.reset(100 * MiB)
+    assert policy.decide(0.0, 400 * MiB) == "trim"
+    assert not policy.record_trim(0.0, growth=300 * MiB, released=0, rss_after=400 * MiB)
+    assert policy.floor == 100 * MiB
+    assert policy.decide(1.0, 400 * MiB) == "backoff"
+    assert policy.decide(2.0, 400 * MiB) == "trim"  # after 2 * min_interval
+    assert policy.record_trim(2.0, growth=300 * MiB, released=280 * MiB, rss_after=90 * MiB)
+    assert policy.floor == 90 * MiB and policy.wait == 1.0  # lowered by a trim that ends lower
+
+
+def test_policy_partial_trim_is_followed_up() -> None:
+    # a trim in the middle of a spike's free: productive, but half the spike is freed after it
+    policy = PacingPolicy(slack="10 MiB", min_interval=1.0, settle="1 GiB")
+    policy.reset(100 * MiB)
+    assert policy.decide(0.0, 400 * MiB) == "trim"
+    assert policy.record_trim(0.0, growth=300 * MiB, released=150 * MiB, rss_after=250 * MiB)
+    assert policy.decide(0.5, 250 * MiB) == "min-interval"
+    assert policy.decide(1.0, 250 * MiB) == "trim"  # the rest, freed meanwhile
+
+
+def test_policy_live_memory_trims_are_bounded() -> None:
+    # memory that stays live: after the jump settles (tick 1), trims 2, 4, 8, 16, 32 s apart
+    policy = PacingPolicy(slack="10 MiB", min_interval=1.0, backoff_max=300.0)
+    policy.reset(100 * MiB)
+    trims = []
+    for tick in range(100):
+        if policy.decide(float(tick), 400 * MiB) == "trim":
+            trims.append(tick)
+            policy.record_trim(float(tick), growth=300 * MiB, released=0, rss_after=400 * MiB)
+    assert trims == [1, 3, 7, 15, 31, 63]
+
+
+def test_policy_release_fraction_decides_productive() -> None:
+    policy = PacingPolicy(slack="1 MiB", min_release=0, release_fraction=0.5)
+    policy.reset(0)
+    assert not policy.record_trim(0.0, growth=100 * MiB, released=49 * MiB, rss_after=51 * MiB)
+    assert policy.record_trim(10.0, growth=100 * MiB, released=50 * MiB, rss_after=50 * MiB)
+
+
+def test_policy_requires_reset() -> None:
+    with pytest.raises(RuntimeError, match="reset"):
+        PacingPolicy().decide(0.0, 1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"slack": 0}, ValueError, "slack must be > 0"),
+        ({"slack": "0 MiB"}, ValueError, "slack must be > 0"),
+        ({"slack": -1}, ValueError, "slack"),
+        ({"slack": "lots"}, ValueError, "slack: not a size"),
+        ({"slack": 1.5}, TypeError, "slack"),
+        ({"slack": True}, TypeError, "slack"),
+        ({"min_interval": 0}, ValueError, "min_interval must be > 0"),
+        ({"min_interval": -1}, ValueError, "min_interval"),
+        ({"min_interval": float("nan")}, ValueError, "finite"),
+        ({"min_interval": "1"}, TypeError, "min_interval must be a number"),
+        ({"min_interval": 10, "backoff_max": 5}, ValueError, "backoff_max"),
+        ({"min_release": -5}, ValueError, "min_release"),
+        ({"release_fraction": 1.5}, ValueError, "release_fraction"),
+        ({"release_fraction": "half"}, TypeError, "release_fraction"),
+        ({"use_traced": 1}, TypeError, "use_traced must be a bool"),
+        ({"settle": -1}, ValueError, "settle"),
+        ({"settle": 2.5}, TypeError, "settle"),
+    ],
+)
+def test_policy_bad_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        PacingPolicy(**kwargs)
+
+
+def test_policy_accepts_size_strings() -> None:
+    policy = PacingPolicy(slack="64 MiB", min_release="500 KB")
+    assert policy.slack == 64 * MiB
+    assert policy.min_release == 500_000
+
+
+# ---- argument checks of the runners ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [Watchdog, BackgroundTrimmer])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"interval": -1}, ValueError, "interval must be > 0"),
+        ({"interval": 0}, ValueError, "interval must be > 0"),
+        ({"interval": float("inf")}, ValueError, "finite"),
+        ({"interval": "1s"}, TypeError, "interval must be a number"),
+        ({"interval": None}, TypeError, "interval"),
+        ({"slack": 0}, ValueError, "slack must be > 0"),
+        ({"slack": []}, TypeError, "slack"),
+        ({"pools": "yes"}, TypeError, "pools must be a bool"),
+        ({"on_trim": 42}, TypeError, "on_trim must be a callable"),
+        ({"policy": "fast"}, TypeError, "policy must be a PacingPolicy"),
+        ({"policy": PacingPolicy(), "slack": "1 MiB"}, TypeError, "not both"),
+        ({"name": 3}, TypeError, "name must be a str"),
+    ],
+)
+def test_runner_bad_arguments(
+    cls: type[Watchdog | BackgroundTrimmer],
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    match: str,
+) -> None:
+    with pytest.raises(error, match=match):
+        cls(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"busy_lag": 0}, ValueError, "busy_lag must be > 0"),
+        ({"quiet": -0.1}, ValueError, "quiet"),
+        ({"idle_deadline": -1}, ValueError, "idle_deadline must be >= 0"),
+        ({"idle_gating": None}, TypeError, "idle_gating must be a bool"),
+        ({"quiet": 0.5, "long_quiet": 0.1}, ValueError, "long_quiet"),
+    ],
+)
+def test_watchdog_bad_gating_arguments(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        Watchdog(**kwargs)
+
+
+def test_bad_stop_timeout() -> None:
+    trimmer = BackgroundTrimmer()
+    with pytest.raises(ValueError, match="timeout"):
+        trimmer.stop(timeout=-1)
+
+
+def test_watchdog_start_needs_a_running_loop() -> None:
+    with pytest.raises(RuntimeError, match="no running event loop"):
+        Watchdog().start()
+
+
+def test_exports() -> None:
+    assert memreclaim.Watchdog is Watchdog
+    assert memreclaim.BackgroundTrimmer is BackgroundTrimmer
+    assert memreclaim.PacingPolicy is PacingPolicy
+    assert memreclaim.Counters is Counters
+    assert memreclaim.TrimEvent is TrimEvent
+    with pytest.raises(AttributeError):
+        _ = memreclaim.NoSuchThing
+
+
+# ---- Watchdog: in-process behaviour (no memory ratios) --------------------------------------
+
+
+def test_watchdog_stop_start_twice_and_two_watchdogs() -> None:
+    async def main() -> tuple[Counters, Counters, bool]:
+        first = Watchdog(interval=0.005)
+        second = Watchdog(interval=0.005, name="second")
+        first.start()
+        with pytest.raises(RuntimeError, match="already running"):
+            first.start()
+        async with second:
+            await asyncio.sleep(0.05)
+            assert first.running and second.running
+            await first.stop()
+            await first.stop()  # twice is fine
+            assert not first.running
+            ticks = first.counters.ticks
+            first.start()  # and it starts again
+            await asyncio.sleep(0.05)
+            assert first.counters.ticks > ticks  # counters are cumulative across restarts
+        assert not second.running
+        await first.stop()
+        return first.counters, second.counters, first.task is None
+
+    first, second, cleared = asyncio.run(main())
+    assert first.ticks > 0 and second.ticks > 0
+    assert first.trims == 0 and second.trims == 0
+    assert cleared
+
+
+def test_watchdog_as_a_task_and_run_twice_rejected() -> None:
+    async def main() -> int:
+        watchdog = Watchdog(interval=0.005)
+        task = asyncio.create_task(watchdog.run())
+        await asyncio.sleep(0.03)
+        assert watchdog.running and watchdog.task is task
+        with pytest.raises(RuntimeError, match="already running"):
+            await watchdog.run()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert not watchdog.running
+        return watchdog.counters.ticks
+
+    assert asyncio.run(main()) > 0
+
+
+def test_watchdog_stop_from_own_task_rejected() -> None:
+    async def main() -> None:
+        watchdog = Watchdog(interval=0.005)
+        errors: list[BaseException] = []
+
+        async def inside() -> None:
+            try:
+                await watchdog.stop()
+            except RuntimeError as exc:
+                errors.append(exc)
+
+        watchdog._task = asyncio.current_task()  # pretend we are the watchdog's task
+        await inside()
+        watchdog._task = None
+        assert errors and "own task" in str(errors[0])
+
+    asyncio.run(main())
+
+
+def test_watchdog_callback_exception_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[TrimEvent] = []
+
+    def bad_callback(event: TrimEvent) -> None:
+        calls.append(event)
+        raise ZeroDivisionError("callback bug")
+
+    async def main() -> Counters:
+        async with Watchdog(
+            interval=0.005, slack="8 MiB", min_interval=0.005, on_trim=bad_callback
+        ) as watchdog:
+            await asyncio.sleep(0.02)
+            blob = b"x" * (64 * MiB)  # live growth: one (unproductive) trim
+            while watchdog.counters.trims == 0:
+                await asyncio.sleep(0.005)
+            ticks = watchdog.counters.ticks
+            while watchdog.counters.ticks < ticks + 5:  # still ticking after the error
+                await asyncio.sleep(0.005)
+            assert watchdog.running
+            del blob
+            return watchdog.counters
+
+    with caplog.at_level(logging.INFO, logger="memreclaim"):
+        counters = asyncio.run(main())
+    assert counters.callback_errors >= 1
+    assert len(calls) == counters.trims >= 1
+    assert calls[0].gate in ("idle", "deadline")
+    assert calls[0].growth > 8 * MiB
+    assert "on_trim callback raised" in caplog.text
+    assert "ZeroDivisionError: callback bug" in caplog.text
+    assert "trim released" in caplog.text
+
+
+def test_watchdog_trim_error_is_logged_not_fatal(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memreclaim.watchdog as wd
+
+    def broken_trim(*, pools: bool = False) -> memreclaim.TrimResult:
+        raise OSError("simulated")
+
+    monkeypatch.setattr(wd, "trim", broken_trim)
+
+    async def main() -> Counters:
+        async with Watchdog(interval=0.005, slack="8 MiB", min_interval=0.005) as watchdog:
+            await asyncio.sleep(0.02)
+            blob = b"x" * (64 * MiB)
+            while watchdog.counters.trim_errors < 2:
+                await asyncio.sleep(0.005)
+            assert watchdog.running
+            del blob
+            return watchdog.counters
+
+    with caplog.at_level(logging.ERROR, logger="memreclaim"):
+        counters = asyncio.run(main())
+    assert counters.trims == 0
+    assert "OSError: simulated" in caplog.text
+
+
+def test_tick_errors_are_logged_not_fatal(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memreclaim.watchdog as wd
+
+    real_rss = memreclaim.rss
+    failures = {"left": 3}
+
+    def flaky_rss() -> int:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError("statm unreadable")
+        return real_rss()
+
+    async def main() -> Counters:
+        async with Watchdog(interval=0.005) as watchdog:
+            while watchdog.counters.ticks < 1:  # started: the floor is set
+                await asyncio.sleep(0.005)
+            monkeypatch.setattr(wd, "rss", flaky_rss)
+            for _ in range(2000):  # bounded
+                if not failures["left"] and watchdog.counters.ticks >= 3:
+                    break
+                await asyncio.sleep(0.005)
+            assert watchdog.running
+            return watchdog.counters
+
+    with caplog.at_level(logging.ERROR, logger="memreclaim"):
+        counters = asyncio.run(main())
+    assert counters.ticks >= 3
+    assert "tick failed" in caplog.text and "OSError: statm unreadable" in caplog.text
+
+
+# ---- Watchdog: memory, in subprocesses -------------------------------------------------------
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_watchdog_returns_a_spike_within_a_few_ticks() -> None:
+    result, _ = run_script(
+        """
+        events = []
+        async def main():
+            base = rss()
+            async with Watchdog(interval=0.05, slack="64 MiB", min_interval=0.05,
+                                on_trim=events.append) as wd:
+                while wd.counters.ticks < 10:
+                    await asyncio.sleep(0.01)
+                trims_before = wd.counters.trims
+                kept = spike()                  # synchronous: no tick can run meanwhile
+                retained = rss()
+                ticks_at_spike = wd.counters.ticks
+                while wd.counters.trims == trims_before and wd.counters.ticks < ticks_at_spike + 40:
+                    await asyncio.sleep(0.01)
+                after = rss()
+                out(base=base, retained=retained, after=after, trims_before=trims_before,
+                    ticks_to_trim=wd.counters.ticks - ticks_at_spike,
+                    trims=wd.counters.trims, released=wd.counters.bytes_released,
+                    gate=events[0].gate if events else None, kept=len(kept))
+        asyncio.run(main())
+        """
+    )
+    spike_size = result["retained"] - result["base"]
+    assert spike_size > 300 * MiB, result  # the spike really is retained without a trim
+    assert result["trims_before"] == 0
+    assert result["trims"] == 1
+    assert result["ticks_to_trim"] <= 3  # "within a few intervals"
+    assert result["after"] - result["base"] < 0.25 * spike_size, result
+    assert result["released"] > 0.7 * spike_size
+    assert result["gate"] == "idle"
+
+
+@pytest.mark.timeout(60)
+def test_watchdog_without_a_spike_never_trims() -> None:
+    result, _ = run_script(
+        """
+        async def main():
+            async with Watchdog(interval=0.005, slack="64 MiB", min_interval=0.005) as wd:
+                while wd.counters.ticks < 200:
+                    churn = [bytes(2000) for _ in range(5000)]   # ~10 MiB allocated and freed
+                    del churn
+                    await asyncio.sleep(0.002)
+                out(ticks=wd.counters.ticks, trims=wd.counters.trims)
+        asyncio.run(main())
+        """
+    )
+    assert result["ticks"] >= 200
+    assert result["trims"] == 0
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_watchdog_backs_off_when_memory_is_live() -> None:
+    result, _ = run_script(
+        """
+        async def main():
+            base = rss()
+            # min_interval of 25 ticks: unproductive trims at most at ticks 0, 50, 150...
+            # (long_quiet short: time spent waiting for idle does not count as ticks)
+            async with Watchdog(interval=0.01, slack="64 MiB", min_interval=0.25,
+                                backoff_max=10.0, quiet=0.01, long_quiet=0.01) as wd:
+                await asyncio.sleep(0.03)
+                held = live()                       # ~370 MiB, all of it live
+                grown = rss() - base
+                start = wd.counters.ticks
+                while wd.counters.ticks < start + 50:
+                    held.append("y" * 3000)         # and a little live growth on top
+                    await asyncio.sleep(0.005)
+                c = wd.counters
+                out(grown=grown, trims=c.trims, unproductive=c.unproductive_trims,
+                    released=c.bytes_released, ticks=c.ticks - start)
+        asyncio.run(main())
+        """
+    )
+    assert result["grown"] > 300 * MiB
+    assert result["ticks"] >= 50
+    assert 1 <= result["trims"] <= 2, result
+    assert result["unproductive"] == result["trims"]
+    assert result["released"] < 0.05 * result["grown"]
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_watchdog_defers_while_busy_then_trims_at_deadline() -> None:
+    result, _ = run_script(
+        """
+        state = {"busy": False, "busy_at_trim": None}
+        events = []
+        def on_trim(event):
+            state["busy_at_trim"] = state["busy"]
+            events.append(event)
+
+        async def busy_loop(stop):
+            state["busy"] = True
+            while not stop.is_set():
+                end = time.perf_counter() + 0.005
+                while time.perf_counter() < end:   # 5 ms of work between yields
+                    pass
+                await asyncio.sleep(0)
+            state["busy"] = False
+
+        async def main():
+            base = rss()
+            async with Watchdog(interval=0.02, slack="64 MiB", min_interval=0.02,
+                                idle_deadline=0.5, on_trim=on_trim) as wd:
+                await asyncio.sleep(0.05)
+                stop = asyncio.Event()
+                kept = spike()
+                retained = rss()
+                busy = asyncio.create_task(busy_loop(stop))
+                for _ in range(2000):                # bounded: ~10 s of busy work at most
+                    if wd.counters.trims:
+                        break
+                    await asyncio.sleep(0.005)
+                stop.set()
+                await busy
+                c = wd.counters
+                out(base=base, retained=retained, after=rss(), trims=c.trims,
+                    skipped_busy=c.skipped_busy, deadline_trims=c.deadline_trims,
+                    gate=events[0].gate if events else None, busy_at_trim=state["busy_at_trim"],
+                    lag_max=c.lag_max)
+        asyncio.run(main())
+        """
+    )
+    assert result["retained"] - result["base"] > 300 * MiB
+    assert result["trims"] == 1
+    assert result["skipped_busy"] > 0  # it deferred...
+    assert result["gate"] == "deadline" and result["deadline_trims"] == 1  # ...then trimmed
+    assert result["busy_at_trim"] is True  # while the loop was still busy
+    assert result["lag_max"] > 0.002  # and it saw the loop lag
+    assert result["after"] - result["base"] < 0.25 * (result["retained"] - result["base"])
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_watchdog_waits_for_idle_when_busy_ends_before_deadline() -> None:
+    result, _ = run_script(
+        """
+        state = {"busy": False, "busy_at_trim": None}
+        def on_trim(event):
+            state["busy_at_trim"] = state["busy"]
+            state["gate"] = event.gate
+
+        async def busy_for(n):
+            state["busy"] = True
+            for _ in range(n):
+                end = time.perf_counter() + 0.005
+                while time.perf_counter() < end:
+                    pass
+                await asyncio.sleep(0)
+            state["busy"] = False
+
+        async def main():
+            async with Watchdog(interval=0.02, slack="64 MiB", min_interval=0.02,
+                                idle_deadline=60.0, on_trim=on_trim) as wd:
+                await asyncio.sleep(0.05)
+                kept = spike()
+                busy = asyncio.create_task(busy_for(60))   # ~0.3 s of busy loop
+                await busy
+                skipped = wd.counters.skipped_busy
+                trims_while_busy = wd.counters.trims
+                for _ in range(2000):       # bounded: ~20 s on a starved machine, usually 0.1 s
+                    if wd.counters.trims:
+                        break
+                    await asyncio.sleep(0.01)
+                out(trims_while_busy=trims_while_busy, skipped=skipped, trims=wd.counters.trims,
+                    gate=state.get("gate"), busy_at_trim=state["busy_at_trim"])
+        asyncio.run(main())
+        """
+    )
+    assert result["skipped"] > 0
+    assert result["trims_while_busy"] == 0
+    assert result["trims"] == 1
+    assert result["gate"] == "idle"
+    assert result["busy_at_trim"] is False
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_watchdog_cancellation_is_clean() -> None:
+    result, stderr = run_script(
+        """
+        import gc
+        def trim_threads():
+            return [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+
+        async def stop_mid_trim():
+            wd = Watchdog(interval=0.01, slack="64 MiB", min_interval=0.01, idle_gating=False)
+            wd.start()
+            await asyncio.sleep(0.03)
+            kept = spike()
+            seen = False
+            for _ in range(2000):
+                if trim_threads():
+                    seen = True
+                    break
+                await asyncio.sleep(0.0005)
+            await wd.stop()                  # cancels while the trim runs in its thread
+            return seen, trim_threads(), wd.task is None, wd.running
+
+        async def left_running():
+            wd = Watchdog(interval=0.01)
+            wd.start()                       # never stopped: asyncio.run cancels it
+            await asyncio.sleep(0.03)
+
+        seen, threads_after, cleared, running = asyncio.run(stop_mid_trim())
+        asyncio.run(left_running())
+        gc.collect()
+        out(seen=seen, threads_after=threads_after, cleared=cleared, running=running,
+            threads_at_end=trim_threads())
+        """
+    )
+    assert result["seen"], "the trim thread was never observed; the test did not test cancel"
+    assert result["threads_after"] == []
+    assert result["cleared"] and not result["running"]
+    assert result["threads_at_end"] == []
+    assert "Task was destroyed but it is pending" not in stderr
+    assert "Traceback" not in stderr, stderr
+
+
+# ---- BackgroundTrimmer -----------------------------------------------------------------------
+
+
+def test_trimmer_start_stop_twice_and_context_manager() -> None:
+    trimmer = BackgroundTrimmer(interval=0.005)
+    assert trimmer.stop() is True  # never started: fine
+    trimmer.start()
+    with pytest.raises(RuntimeError, match="already running"):
+        trimmer.start()
+    assert trimmer.running and trimmer.thread is not None
+    assert trimmer.thread.daemon
+    assert trimmer.stop() is True
+    assert trimmer.stop() is True
+    assert not trimmer.running and trimmer.thread is None
+    with trimmer:
+        assert trimmer.running
+    assert not trimmer.running
+    names = [thread.name for thread in threading.enumerate()]
+    assert "memreclaim-trimmer" not in names
+
+
+def test_trimmer_callback_exception_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[TrimEvent] = []
+
+    def bad_callback(event: TrimEvent) -> None:
+        seen.append(event)
+        raise ValueError("bad callback")
+
+    done = threading.Event()
+    with (
+        caplog.at_level(logging.INFO, logger="memreclaim"),
+        BackgroundTrimmer(
+            interval=0.005, slack="8 MiB", min_interval=0.005, on_trim=bad_callback
+        ) as trimmer,
+    ):
+        while trimmer.counters.ticks < 3:
+            done.wait(0.005)
+        blob = b"x" * (64 * MiB)
+        while trimmer.counters.trims == 0:
+            done.wait(0.005)
+        ticks = trimmer.counters.ticks
+        while trimmer.counters.ticks < ticks + 5:
+            done.wait(0.005)
+        assert trimmer.running
+        del blob
+    assert trimmer.counters.callback_errors >= 1
+    assert seen and seen[0].gate == "thread" and not seen[0].productive
+    assert "on_trim callback raised" in caplog.text
+    assert "ValueError: bad callback" in caplog.text
+
+
+def test_trimmer_stop_from_callback_does_not_deadlock() -> None:
+    holder: list[BackgroundTrimmer] = []
+    answers: list[bool] = []
+
+    def stop_self(event: TrimEvent) -> None:
+        answers.append(holder[0].stop())
+
+    trimmer = BackgroundTrimmer(
+        interval=0.005, slack="8 MiB", min_interval=0.005, on_trim=stop_self
+    )
+    holder.append(trimmer)
+    trimmer.start()
+    waiter = threading.Event()
+    while trimmer.counters.ticks < 2:
+        waiter.wait(0.005)
+    blob = b"x" * (64 * MiB)
+    thread = trimmer._thread
+    assert thread is not None
+    thread.join(10)
+    assert not thread.is_alive()
+    assert answers == [False]  # asked to stop, could not join itself
+    assert trimmer.stop() is True
+    del blob
+
+
+def test_trimmer_tick_from_a_hook() -> None:
+    trimmer = BackgroundTrimmer(slack="8 MiB", min_interval=0.001)
+    assert trimmer.tick() is None  # first call sets the floor
+    blob = b"x" * (64 * MiB)
+    event = trimmer.tick()
+    assert event is not None and event.gate == "thread" and event.growth > 8 * MiB
+    assert trimmer.counters.trims == 1
+    del blob
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_trimmer_returns_a_spike_and_stays_quiet_otherwise() -> None:
+    result, _ = run_script(
+        """
+        base = rss()
+        wait = threading.Event()
+        with BackgroundTrimmer(interval=0.02, slack="64 MiB", min_interval=0.02) as t:
+            while t.counters.ticks < 100:               # no spike: many ticks, no trim
+                churn = [bytes(2000) for _ in range(5000)]
+                del churn
+                wait.wait(0.002)
+            quiet_ticks, quiet_trims = t.counters.ticks, t.counters.trims
+            start = t.counters.ticks
+            kept, retained = spike_holding_the_gil()
+            ticks_during_spike = t.counters.ticks - start
+            while t.counters.trims == 0 and t.counters.ticks < start + 50:
+                wait.wait(0.005)
+            ticks_to_trim = t.counters.ticks - start
+            after = rss()
+        out(base=base, retained=retained, after=after, quiet_ticks=quiet_ticks,
+            quiet_trims=quiet_trims, ticks_to_trim=ticks_to_trim, trims=t.counters.trims,
+            ticks_during_spike=ticks_during_spike,
+            alive=[x.name for x in threading.enumerate() if x.name == "memreclaim-trimmer"])
+        """
+    )
+    spike_size = result["retained"] - result["base"]
+    assert result["quiet_ticks"] >= 100 and result["quiet_trims"] == 0
+    assert spike_size > 300 * MiB
+    assert result["ticks_during_spike"] == 0
+    assert result["trims"] == 1
+    assert result["ticks_to_trim"] <= 3
+    assert result["after"] - result["base"] < 0.25 * spike_size, result
+    assert result["alive"] == []
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_trimmer_backs_off_when_memory_is_live() -> None:
+    result, _ = run_script(
+        """
+        wait = threading.Event()
+        base = rss()
+        # min_interval of 25 ticks: unproductive trims at most at ticks 0, 50, 150...
+        with BackgroundTrimmer(interval=0.01, slack="64 MiB", min_interval=0.25,
+                               backoff_max=10.0) as t:
+            while t.counters.ticks < 3:
+                wait.wait(0.005)
+            held = live()           # the trimmer ticks meanwhile: growth-phase trims happen
+            grown = rss() - base
+            start, trims_in_growth = t.counters.ticks, t.counters.trims
+            while t.counters.ticks < start + 50:
+                held.append("y" * 3000)
+                wait.wait(0.005)
+            c = t.counters
+        out(grown=grown, trims=c.trims - trims_in_growth, trims_in_growth=trims_in_growth,
+            unproductive=c.unproductive_trims, all_trims=c.trims, ticks=c.ticks - start)
+        """
+    )
+    assert result["grown"] > 300 * MiB
+    assert result["ticks"] >= 50
+    # once the memory is in place (live), at most 2 trims over 50 ticks
+    assert result["trims"] <= 2, result
+    # every trim, during the growth or after, returned too little and extended the back-off
+    assert result["unproductive"] == result["all_trims"]
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_trimmer_after_fork() -> None:
+    result, stderr = run_script(
+        """
+        wait = threading.Event()
+        t = BackgroundTrimmer(interval=0.02, slack="64 MiB", min_interval=0.02)
+        t.start()
+        while t.counters.ticks < 3:
+            wait.wait(0.005)
+        read_fd, write_fd = os.pipe()
+        # Fork while the trimmer's locks are held, as when its thread is mid-tick: without the
+        # at-fork handler the child would inherit held locks and hang in counters/tick/start.
+        t._lock.acquire()
+        t._tick_lock.acquire()
+        pid = os.fork()
+        if pid == 0:
+            import signal
+            signal.alarm(20)                        # a hang becomes a failure, not a timeout
+            report = {"running_in_child": t.running, "thread_in_child": t.thread is not None}
+            try:
+                report["child_ticks"] = t.counters.ticks
+                t.tick()
+                base = rss()
+                t.start()                           # one per worker: start it again here
+                report["restarted"] = t.running
+                kept, retained = spike_holding_the_gil()
+                start = t.counters.ticks
+                while t.counters.trims == 0 and t.counters.ticks < start + 50:
+                    wait.wait(0.005)
+                report.update(base=base, retained=retained, after=rss(),
+                              child_trims=t.counters.trims)
+                report["stopped"] = t.stop()
+            finally:
+                os.write(write_fd, json.dumps(report).encode())
+                os._exit(0)
+        t._tick_lock.release()
+        t._lock.release()
+        os.close(write_fd)
+        _, status = os.waitpid(pid, 0)
+        child = json.loads(os.read(read_fd, 65536).decode())
+        out(child=child, status=status, parent_running=t.running, parent_stopped=t.stop())
+        """
+    )
+    child = result["child"]
+    assert result["status"] == 0
+    assert child["running_in_child"] is False and child["thread_in_child"] is False
+    assert child["restarted"] is True
+    assert child["child_trims"] >= 1
+    spike_size = child["retained"] - child["base"]
+    assert spike_size > 300 * MiB
+    assert child["after"] - child["base"] < 0.25 * spike_size
+    assert child["stopped"] is True
+    assert result["parent_running"] is True and result["parent_stopped"] is True
+    assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.timeout(60)
+def test_interpreter_exit_with_a_running_trimmer_is_clean() -> None:
+    result, stderr = run_script(
+        """
+        import memreclaim.watchdog as wd
+        wait = threading.Event()
+        t = BackgroundTrimmer(interval=0.001, slack="1 MiB", min_interval=0.001)
+        t.start()
+        blob = b"x" * (64 * MiB)               # keeps it trimming (unproductive, backing off)
+        while t.counters.ticks < 5:
+            wait.wait(0.005)
+        thread = t.thread
+        wd._at_exit()                           # what atexit runs
+        stopped = {"running": t.running, "alive": thread.is_alive()}
+        t.start()                               # and now exit without stopping it at all
+        while t.counters.trims < 2:
+            wait.wait(0.001)
+        out(**stopped)
+        """
+    )
+    assert result == {"running": False, "alive": False}
+    assert "Traceback" not in stderr and "Fatal" not in stderr, stderr
