@@ -550,7 +550,8 @@ def _read_proc(pid: int, name: str) -> str:
         raise
     except PermissionError:
         raise CliError(
-            f"permission denied reading {path}: run as the process's user or as root"
+            f"permission denied reading {path}: it needs ptrace access (the process's own"
+            " user, or root with CAP_SYS_PTRACE)"
         ) from None
     except ProcessLookupError:  # the process exited while we read
         raise CliError(f"no process with PID {pid}") from None
@@ -636,10 +637,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 class _PeriodicTrimmer:
-    """Trim when RSS exceeds the floor by more than ``slack``; checked every ``interval`` s.
+    """A minimal periodic trimmer for ``run``, checked every ``interval`` seconds.
 
-    Minimal and private: to be replaced by ``memreclaim.watchdog.BackgroundTrimmer`` once that
-    lands. The floor is the RSS at start or after the last trim, lowered whenever RSS is lower.
+    Private and provisional: to be replaced by ``memreclaim.watchdog.BackgroundTrimmer`` once
+    that lands. Rule: trim when RSS is more than ``slack`` above its floor (the lowest RSS seen)
+    and either Python objects were freed since the last trim (``sys.getallocatedblocks()`` fell
+    by 10 %) or a back-off has run out; a trim that gives back less than half the slack doubles
+    the back-off (1, 2, 4 ... 32 intervals), so steady growth is not trimmed at every tick.
     """
 
     def __init__(self, interval: float, slack: int) -> None:
@@ -649,6 +653,9 @@ class _PeriodicTrimmer:
         self.trims = 0
         self.released = 0
         self.seconds = 0.0
+        self._backoff = 1
+        self._wait = 0
+        self._blocks = sys.getallocatedblocks()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="memreclaim-trimmer", daemon=True)
 
@@ -663,7 +670,11 @@ class _PeriodicTrimmer:
         while not self._stop.wait(self.interval):
             now = memreclaim.rss()
             self.floor = min(self.floor, now)
+            blocks = sys.getallocatedblocks()
+            self._wait -= 1
             if now - self.floor <= self.slack:
+                continue
+            if self._wait > 0 and blocks > self._blocks * 0.9:
                 continue
             try:
                 result = memreclaim.trim()
@@ -672,9 +683,12 @@ class _PeriodicTrimmer:
             self.trims += 1
             self.released += result.released or 0
             self.seconds += result.seconds
-            if result.rss_after is not None:
-                # what a trim cannot give back is live: the floor follows it up as well as down
-                self.floor = result.rss_after
+            self._blocks = sys.getallocatedblocks()
+            if (result.released or 0) < self.slack / 2:
+                self._backoff = min(self._backoff * 2, 32)
+            else:
+                self._backoff = 1
+            self._wait = self._backoff
 
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -693,6 +707,12 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         sys.argv = [args.module, *argv]
         sys.path.insert(0, os.getcwd())
+        try:
+            found = importlib.util.find_spec(args.module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise CliError(f"no module named {args.module!r}")
     trimmer = _PeriodicTrimmer(args.interval, args.slack)
     trimmer.start()
     start = time.perf_counter()
@@ -710,11 +730,6 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         else:
             print(exc.code, file=sys.stderr)
             status = 1
-    except ImportError as exc:
-        if args.module is not None and getattr(exc, "name", None) == args.module:
-            trimmer.stop()
-            raise CliError(f"no module named {args.module!r}") from None
-        raise
     finally:
         trimmer.stop()
         elapsed = time.perf_counter() - start
