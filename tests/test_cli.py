@@ -1,0 +1,348 @@
+"""The command line, run as ``python -m memreclaim`` in subprocesses: output, JSON, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+MiB = 1 << 20
+
+
+def cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    full_env = dict(os.environ)
+    full_env.pop("LD_PRELOAD", None)
+    full_env.update(env or {})
+    command = [sys.executable, "-m", "memreclaim", *args]
+    if user is not None:
+        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
+    return subprocess.run(
+        command, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=100
+    )
+
+
+def demo_json(*args: str) -> dict[str, Any]:
+    proc = cli("demo", "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # no progress lines with --json
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def phases(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {p["name"]: p for p in result["phases"]}
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], words: str) -> None:
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "usage:" in proc.stderr
+    assert words in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------- demo
+
+
+def test_demo_default_prints_the_table_and_the_retention_verdict() -> None:
+    proc = cli("demo")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "160,000 strings of 600-4,000 bytes" in out
+    for row in ("baseline", "peak", "after free", "after trim"):
+        assert f"\n{row} " in out
+    assert "verdict: retained by the allocator, not leaked" in out
+    assert "Traceback" not in proc.stderr
+
+
+def test_demo_spike_json_figures_tell_retention() -> None:
+    result = demo_json("--scale", "0.5")
+    p = phases(result)
+    base, peak, freed, trimmed = (p[n] for n in ("baseline", "peak", "after free", "after trim"))
+    growth = peak["rss"] - base["rss"]
+    assert growth > 100 * MiB
+    # freeing 98 % of the strings leaves RSS near the peak; trimming gives most of it back
+    assert freed["rss"] - base["rss"] > 0.8 * growth
+    assert trimmed["rss"] - base["rss"] < 0.4 * (freed["rss"] - base["rss"])
+    # traced memory fell with the free: retention, not live objects
+    assert result["traced"] is True
+    assert freed["traced"] < 0.1 * peak["traced"]
+    assert result["verdict"] == "retained"
+    assert result["trim_released"] > 0.5 * growth
+    assert result["allocator"] == "glibc"
+
+
+def test_demo_dicts_is_pinned_by_pymalloc_arenas() -> None:
+    result = demo_json("--workload", "dicts")
+    p = phases(result)
+    assert result["traced"] is False  # tracemalloc's own bookkeeping would dwarf the effect
+    assert p["peak"]["rss"] - p["baseline"]["rss"] > 80 * MiB
+    held = p["after free"]["rss"] - p["baseline"]["rss"]
+    assert held > 50 * MiB
+    assert p["after trim"]["rss"] - p["baseline"]["rss"] > 0.7 * held
+    assert result["verdict"] == "pinned"
+
+
+def test_demo_buffers_runs_and_peaks_above_baseline() -> None:
+    result = demo_json("--workload", "buffers", "--no-trace")
+    p = phases(result)
+    assert p["peak"]["rss"] - p["baseline"]["rss"] > 20 * MiB
+    assert p["after trim"]["rss"] <= p["after free"]["rss"] + MiB
+    assert result["verdict"] in {"retained", "returned"}
+
+
+def test_demo_plot_writes_a_real_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "spike.png"
+    proc = cli("demo", "--scale", "0.25", "--plot", str(target))
+    assert proc.returncode == 0, proc.stderr
+    assert f"plot written to {target}" in proc.stdout
+    data = target.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (800, 450)
+    assert len(data) > 10_000  # a drawn chart, not an empty canvas
+
+
+def test_demo_plot_without_matplotlib_says_how_to_install(tmp_path: Path) -> None:
+    fake = tmp_path / "matplotlib"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    proc = cli(
+        "demo",
+        "--scale",
+        "0.01",
+        "--plot",
+        str(tmp_path / "x.png"),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert proc.returncode == 1
+    assert "pip install 'memreclaim[plot]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_demo_plot_to_an_unwritable_path_is_a_clean_error(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    proc = cli("demo", "--scale", "0.01", "--plot", str(tmp_path / "no" / "dir" / "x.png"))
+    assert proc.returncode == 1
+    assert "cannot write" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["demo", "--workload", "nope"], "invalid choice"),
+        (["demo", "--scale", "0"], "must be a positive number"),
+        (["demo", "--scale", "x"], "not a number"),
+        (["demo", "--plot"], "expected one argument"),
+        (["nonsense"], "invalid choice"),
+        ([], "required: COMMAND"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(args: list[str], words: str) -> None:
+    assert_usage_error(cli(*args), words)
+
+
+# ---------------------------------------------------------------- stats
+
+
+def test_stats_json_is_machine_readable() -> None:
+    proc = cli("stats", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["allocator"] == "glibc"
+    assert data["rss"] > 5 * MiB
+    assert data["rss_anon"] + data["rss_file"] + data["rss_shmem"] == data["rss"]
+    assert data["peak_rss"] >= data["rss"]
+    assert data["traced_current"] is None  # tracemalloc is off
+    assert data["heap"]["in_use"] > 0
+    assert isinstance(data["heap"]["figures"], dict)
+
+
+def test_stats_text() -> None:
+    proc = cli("stats")
+    assert proc.returncode == 0, proc.stderr
+    assert "allocator glibc" in proc.stdout
+    assert "rss_anon" in proc.stdout
+
+
+def test_stats_under_jemalloc_reports_it() -> None:
+    lib = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    if not lib.exists():
+        pytest.skip("libjemalloc2 is not installed")
+    proc = cli("stats", "--json", env={"LD_PRELOAD": str(lib)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["allocator"] == "jemalloc"
+
+
+# ---------------------------------------------------------------- inspect
+
+
+@pytest.fixture
+def sleeper() -> Any:
+    """A child process holding ~64 MiB of anonymous memory, until the test ends."""
+    code = "import sys, time; b = b'x' * (64 << 20); print('ready', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_inspect_json_breaks_down_another_process(sleeper: subprocess.Popen[str]) -> None:
+    proc = cli("inspect", str(sleeper.pid), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["pid"] == sleeper.pid
+    assert data["name"].startswith("python")
+    assert data["rss_anon"] > 60 * MiB
+    assert data["rss"] == data["rss_anon"] + data["rss_file"] + data["rss_shmem"]
+    assert data["anonymous"] > 60 * MiB  # from smaps_rollup
+    assert data["peak_rss"] >= data["rss"]
+    assert data["heap_mapping"] is None or data["heap_mapping"] > 0
+    assert data["notes"] == []
+
+
+def test_inspect_text(sleeper: subprocess.Popen[str]) -> None:
+    proc = cli("inspect", str(sleeper.pid))
+    assert proc.returncode == 0, proc.stderr
+    assert f"pid {sleeper.pid}" in proc.stdout
+    assert "anonymous" in proc.stdout
+    assert "[heap] mapping" in proc.stdout
+
+
+def test_inspect_missing_pid_exits_1() -> None:
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())  # never handed out
+    proc = cli("inspect", str(pid_max))
+    assert proc.returncode == 1
+    assert f"no process with PID {pid_max}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to inspect a process as another user",
+)
+def test_inspect_without_permission_says_so(sleeper: subprocess.Popen[str]) -> None:
+    proc = cli("inspect", str(sleeper.pid), "--json", user="65534", cwd=Path("/"))
+    if "Permission denied" in proc.stderr and "python" in proc.stderr:
+        pytest.skip("the unprivileged user cannot run this interpreter")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["rss"] > 60 * MiB  # /proc/PID/status is world-readable
+    assert data["pss"] is None
+    assert any("permission denied" in note for note in data["notes"])
+
+
+@pytest.mark.parametrize("pid", ["abc", "0", "-5"])
+def test_inspect_bad_pid_is_a_usage_error(pid: str) -> None:
+    assert_usage_error(cli("inspect", "--", pid), "PID")
+
+
+# ---------------------------------------------------------------- run
+
+SPIKE_SCRIPT = textwrap.dedent(
+    """
+    import gc, json, random, sys, time
+    import memreclaim
+    base = memreclaim.rss()
+    r = random.Random(0)
+    data = [("x" * r.randint(600, 4000), r.random()) for _ in range(80_000)]
+    keep = data[::50]
+    peak = memreclaim.rss()
+    del data
+    gc.collect()
+    freed = memreclaim.rss()
+    for _ in range(100):  # give the trimmer (interval 0.05 s) up to 5 s
+        if memreclaim.rss() - base < (freed - base) / 3:
+            break
+        time.sleep(0.05)
+    print(json.dumps({"argv": sys.argv, "base": base, "peak": peak, "freed": freed,
+                      "now": memreclaim.rss()}))
+    sys.exit(int(sys.argv[1]))
+    """
+)
+
+
+def test_run_script_trims_after_the_spike_and_reports(tmp_path: Path) -> None:
+    script = tmp_path / "spike.py"
+    script.write_text(SPIKE_SCRIPT)
+    proc = cli("run", "--interval", "0.05", "--slack", "32 MiB", "--", str(script), "3", "x")
+    assert proc.returncode == 3, proc.stderr  # the program's own exit status
+    data = json.loads(proc.stdout)
+    assert data["argv"] == [str(script), "3", "x"]
+    held = data["freed"] - data["base"]
+    assert held > 100 * MiB  # the spike was retained after the free...
+    assert data["now"] - data["base"] < held / 3  # ...and the trimmer gave it back
+    report = proc.stderr.strip().splitlines()[-1]
+    assert report.startswith("memreclaim run:")
+    assert "peak RSS" in report and "trim(s) released" in report
+    assert " 0 trim(s)" not in report
+
+
+def test_run_module_with_arguments(tmp_path: Path) -> None:
+    (tmp_path / "hello_mod.py").write_text("import sys\nprint('hello', sys.argv[1:])\n")
+    proc = cli("run", "-m", "hello_mod", "a", "--b", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "hello ['a', '--b']"
+    assert "memreclaim run:" in proc.stderr
+
+
+def test_run_script_that_raises_exits_1_with_its_traceback(tmp_path: Path) -> None:
+    script = tmp_path / "boom.py"
+    script.write_text("raise ValueError('boom')\n")
+    proc = cli("run", str(script))
+    assert proc.returncode == 1
+    assert "ValueError: boom" in proc.stderr  # the program's traceback is the program's output
+    assert "memreclaim run:" in proc.stderr
+
+
+def test_run_missing_script_and_module_exit_1(tmp_path: Path) -> None:
+    proc = cli("run", str(tmp_path / "nope.py"))
+    assert proc.returncode == 1
+    assert "no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = cli("run", "-m", "no_such_module_here")
+    assert proc.returncode == 1
+    assert "no module named 'no_such_module_here'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["run"], "give a script"),
+        (["run", "--interval", "0", "x.py"], "must be a positive number"),
+        (["run", "--interval", "inf", "x.py"], "must be a positive number"),
+        (["run", "--slack", "12 XB", "x.py"], "unknown unit"),
+        (["run", "--slack", "-1", "x.py"], "--slack"),
+    ],
+)
+def test_run_bad_arguments_are_usage_errors(args: list[str], words: str) -> None:
+    assert_usage_error(cli(*args), words)
+
+
+def test_version() -> None:
+    import memreclaim
+
+    proc = cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == memreclaim.__version__
