@@ -1,0 +1,39 @@
+"""Shared helpers for the case scripts (each runs in its own fresh interpreter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import memreclaim
+
+PAGE = os.sysconf("SC_PAGESIZE")
+GC_HEADER = 16  # PyGC_Head before a GC-tracked object on 64-bit CPython 3.8+
+
+
+def live_floors(objects: Iterable[object]) -> tuple[int, int]:
+    """(bytes, bytes of distinct pages) that ``objects`` occupy, from their addresses.
+
+    CPython's ``id()`` is the object's address; ``sys.getsizeof`` includes the GC header, which
+    sits just before the address for GC-tracked objects.
+    """
+    total = 0
+    pages: set[int] = set()
+    for obj in objects:
+        size = sys.getsizeof(obj)
+        start = id(obj) - (GC_HEADER if type(obj) in (tuple, list, dict) else 0)
+        total += size
+        pages.update(range(start // PAGE, (start + size - 1) // PAGE + 1))
+    return total, len(pages) * PAGE
+
+
+def emit(**values: Any) -> None:
+    """Print the case's RESULT line, with the allocator that served it."""
+    values.setdefault("allocator", memreclaim.allocator())
+    values.setdefault("allocator_version", memreclaim.allocator_version())
+    values.setdefault("python", platform.python_version())
+    print("RESULT " + json.dumps(values), flush=True)

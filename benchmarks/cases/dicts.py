@@ -1,0 +1,44 @@
+"""Seed 003: a dict of 1,000,000 empty dicts; keep every Nth inner dict (0: keep none); free.
+
+The inner dicts are pymalloc's (arenas of 1 MiB from mmap); the outer table is malloc's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+from _common import emit, live_floors
+
+import memreclaim
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--count", type=int, default=1_000_000)
+parser.add_argument("--keep-every", type=int, default=0)
+args = parser.parse_args()
+
+gc.collect()
+base = memreclaim.rss()
+start = time.perf_counter()
+outer: dict[int, dict[str, int]] = {i: {} for i in range(args.count)}
+build = time.perf_counter() - start
+peak = memreclaim.rss()
+survivors = [outer[i] for i in range(0, args.count, args.keep_every)] if args.keep_every else []
+outer.clear()
+del outer
+gc.collect()
+freed = memreclaim.rss()
+live, pages = live_floors([survivors, *survivors])
+result = memreclaim.trim()
+emit(
+    baseline=base,
+    peak=peak,
+    after_free=freed,
+    after_trim=memreclaim.rss(),
+    physical_floor=base + live,
+    page_floor=base + pages,
+    trim_seconds=result.seconds,
+    trim_method=result.method,
+    build_seconds=build,
+)
