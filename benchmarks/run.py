@@ -290,7 +290,7 @@ def plot_bars(variants: Sequence[Variant], title: str, path: Path, floors: bool)
     fig, axes = plt.subplots(
         len(groups),
         1,
-        figsize=(10, 1.2 + 0.55 * len(variants) + 0.6 * len(groups)),
+        figsize=(12, 1.2 + 0.55 * len(variants) + 0.6 * len(groups)),
         dpi=100,
         squeeze=False,
     )
@@ -327,7 +327,7 @@ def plot_bars(variants: Sequence[Variant], title: str, path: Path, floors: bool)
         ax.invert_yaxis()
         ax.set_xlabel("RSS, MiB (median)")
         ax.set_title(f"{title}: {group}" if group else title, fontsize=10)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)
@@ -343,16 +343,30 @@ def plot_rounds(variants: Sequence[Variant], path: Path) -> bool:
     except ImportError:
         return False
     groups = list(dict.fromkeys(v.group for v in variants))
-    fig, axes = plt.subplots(1, len(groups), figsize=(12, 4.5), dpi=100, squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1,
+        len(groups),
+        figsize=(12, 4.5),
+        dpi=100,
+        squeeze=False,
+    )
+    top = max(max(r["per_round"]) for v in variants for r in v.results) / MiB
     for ax, group in zip(axes[0], groups, strict=True):
-        for v in (v for v in variants if v.group == group):
+        styles = ["-", "--", ":", "-.", (0, (5, 1, 1, 1))]
+        for i, v in enumerate(v for v in variants if v.group == group):
             # the per-round curve of the run whose final RSS is the median one
             runs = sorted(v.results, key=lambda r: r["final"])
             mid = runs[len(runs) // 2]["per_round"]
-            ax.plot(range(1, len(mid) + 1), [r / MiB for r in mid], marker=".", label=v.label)
+            ax.plot(
+                range(1, len(mid) + 1),
+                [r / MiB for r in mid],
+                marker=".",
+                linestyle=styles[i % len(styles)],
+                label=v.label,
+            )
         ax.set_title(f"seed 004 buffers: {group}", fontsize=10)
         ax.set_xlabel("round")
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, top * 1.1)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("RSS after the round, MiB (median run)")
     fig.tight_layout()
