@@ -151,15 +151,17 @@ class Recorder:
     def measure(self, name: str) -> Phase:
         """Return the figures now, without recording them."""
         anon = memreclaim.stats().rss_anon
-        heap = memreclaim.heap_stats()  # walks the heap on glibc: fine for a demo, not a hot path
+        try:
+            heap = memreclaim.heap_stats()  # walks the heap on glibc: fine here, not a hot path
+            in_use, free = heap.in_use, heap.free
+        except memreclaim.UnsupportedAllocatorError:
+            in_use = free = None
         traced = tracemalloc.get_traced_memory()[0] if self.trace else None
         own = tracemalloc.get_tracemalloc_memory() if self.trace else None
         rss = memreclaim.rss()
         now = time.perf_counter() - self.start
         self.samples.append((now, rss))
-        return Phase(
-            name, now, rss, anon, traced, own, sys.getallocatedblocks(), heap.in_use, heap.free
-        )
+        return Phase(name, now, rss, anon, traced, own, sys.getallocatedblocks(), in_use, free)
 
     def mark(self, name: str) -> Phase:
         """Record the figures now as phase ``name``."""
@@ -273,8 +275,9 @@ def demo_verdict(phases: Sequence[Phase]) -> tuple[str, str]:
       held (without tracing: more than half of the spike's Python blocks are still allocated),
       so it is a leak or a cache and trimming cannot help;
     - ``retained``: back is at least half of held: retained by the allocator, not leaked;
-    - ``pinned``: not live, yet back is under half of held: free memory the allocator cannot
-      return because a few survivors keep its pages (or pymalloc arenas) in use.
+    - ``pinned``: not live, yet back is under half of held: free memory that is not returned,
+      because a few survivors keep its pages (or pymalloc arenas) in use, or because the
+      allocator's policy keeps it (mimalloc 2.0.9's decommit delay).
     """
     by_name = {p.name: p for p in phases}
     base, peak = by_name["baseline"], by_name["peak"]
@@ -305,8 +308,9 @@ def demo_verdict(phases: Sequence[Phase]) -> tuple[str, str]:
             f" still resident after the free, and trim gave back {format_bytes(back)}"
         )
     return "pinned", (
-        f"retained, not leaked, but pinned: trim gave back only {format_bytes(back)} of"
-        f" {format_bytes(held)}; a few survivors keep whole pages or pymalloc arenas in use"
+        f"retained, not leaked, but trim gave back only {format_bytes(max(back, 0))} of"
+        f" {format_bytes(held)}: survivors scattered over pages or pymalloc arenas pin the free"
+        " memory, or the allocator's own policy keeps it"
     )
 
 
