@@ -346,3 +346,32 @@ def test_version() -> None:
     proc = cli("--version")
     assert proc.returncode == 0
     assert proc.stdout.strip() == memreclaim.__version__
+
+
+def test_demo_under_jemalloc_uses_its_purge() -> None:
+    lib = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    if not lib.exists():
+        pytest.skip("libjemalloc2 is not installed")
+    proc = cli("demo", "--json", "--no-trace", "--scale", "0.5", env={"LD_PRELOAD": str(lib)})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["allocator"] == "jemalloc"
+    assert "purge" in result["trim_method"]
+    p = phases(result)
+    held = p["after free"]["rss"] - p["baseline"]["rss"]
+    assert held > 100 * MiB
+    assert p["after trim"]["rss"] - p["baseline"]["rss"] < 0.5 * held
+    assert result["verdict"] == "retained"
+
+
+def test_closed_stdout_is_not_a_traceback() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memreclaim", "stats"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line is written
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in stderr
