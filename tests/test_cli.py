@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from memreclaim.cli import Phase, demo_verdict
+
 pytestmark = pytest.mark.timeout(120)
 
 MiB = 1 << 20
@@ -158,6 +160,52 @@ def test_demo_plot_to_an_unwritable_path_is_a_clean_error(tmp_path: Path) -> Non
 )
 def test_bad_arguments_are_usage_errors(args: list[str], words: str) -> None:
     assert_usage_error(cli(*args), words)
+
+
+def phase_set(
+    peak: int, freed: int, trimmed: int, traced_freed: int | None = 0, blocks_freed: int = 0
+) -> list[Phase]:
+    """Phases in MiB above a 20 MiB baseline; blocks: 0 at baseline, 1000 at the peak."""
+
+    def p(name: str, rss: int, traced: int | None, blocks: int) -> Phase:
+        return Phase(name, 0.0, (20 + rss) * MiB, None, traced, None, blocks, None, None)
+
+    traced_on = traced_freed is not None
+    return [
+        p("baseline", 0, 0 if traced_on else None, 0),
+        p("peak", peak, peak * MiB if traced_on else None, 1000),
+        p("after free", freed, None if traced_freed is None else traced_freed * MiB, blocks_freed),
+        p(
+            "after trim",
+            trimmed,
+            None if traced_freed is None else traced_freed * MiB,
+            blocks_freed,
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("phases_", "code"),
+    [
+        (phase_set(peak=4, freed=4, trimmed=0), "no-spike"),
+        (phase_set(peak=400, freed=50, trimmed=40), "returned"),
+        (phase_set(peak=400, freed=390, trimmed=30, traced_freed=300), "live"),
+        (phase_set(peak=400, freed=390, trimmed=30, traced_freed=None, blocks_freed=900), "live"),
+        (phase_set(peak=400, freed=390, trimmed=30), "retained"),
+        (
+            phase_set(peak=400, freed=390, trimmed=30, traced_freed=None, blocks_freed=20),
+            "retained",
+        ),
+        (phase_set(peak=400, freed=390, trimmed=380), "pinned"),
+        (phase_set(peak=400, freed=390, trimmed=395), "pinned"),  # RSS rose during the trim
+    ],
+)
+def test_demo_verdict_rule(phases_: list[Phase], code: str) -> None:
+    got, text = demo_verdict(phases_)
+    assert got == code
+    assert text and "-" not in text  # a sentence, and no negative size in it
+    if code == "retained":
+        assert text.startswith("retained by the allocator, not leaked")
 
 
 # ---------------------------------------------------------------- stats

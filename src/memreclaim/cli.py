@@ -36,6 +36,9 @@ from memreclaim.units import format_bytes, parse_bytes
 __all__ = ["main"]
 
 MiB = 1 << 20
+_NO_MATPLOTLIB = (
+    "--plot needs matplotlib: pip install 'memreclaim[plot]' (or pip install matplotlib)"
+)
 
 
 class CliError(Exception):
@@ -411,9 +414,7 @@ def plot_demo(result: DemoResult, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise CliError(
-            "--plot needs matplotlib: pip install 'memreclaim[plot]' (or pip install matplotlib)"
-        ) from None
+        raise CliError(_NO_MATPLOTLIB) from None
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     times = [t for t, _ in result.samples]
     ax.plot(times, [r / MiB for _, r in result.samples], color="tab:blue", label="RSS")
@@ -453,9 +454,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """``demo``: reproduce a spike, print the table (or JSON), optionally plot it."""
     # fail before the work, and without importing matplotlib into the measured process
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise CliError(
-            "--plot needs matplotlib: pip install 'memreclaim[plot]' (or pip install matplotlib)"
-        )
+        raise CliError(_NO_MATPLOTLIB)
     progress = Progress(enabled=not args.json)
     result = run_demo(
         args.workload,
