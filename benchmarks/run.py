@@ -116,7 +116,8 @@ def spike_variants(quick: bool) -> list[Variant]:
         ("glibc", "glibc default", {}),
         ("glibc", "glibc PYTHONMALLOC=malloc", {"PYTHONMALLOC": "malloc"}),
         ("glibc", "glibc MALLOC_MMAP_THRESHOLD_=512", {"MALLOC_MMAP_THRESHOLD_": "512"}),
-        ("glibc", "glibc MALLOC_ARENA_MAX=2", {"MALLOC_ARENA_MAX": "2"}),
+        ("glibc", "glibc, spike in 16 threads", {}),
+        ("glibc", "glibc, 16 threads, MALLOC_ARENA_MAX=2", {"MALLOC_ARENA_MAX": "2"}),
         ("jemalloc", "jemalloc default", {}),
         (
             "jemalloc",
@@ -130,7 +131,16 @@ def spike_variants(quick: bool) -> list[Variant]:
     ]
     if quick:
         table = [row for row in table if row[1] in {"glibc default", "jemalloc decay 0"}]
-    return [Variant("spike", label, argv, env, alloc) for alloc, label, env in table]
+    return [
+        Variant(
+            "spike",
+            label,
+            argv + (["--threads", "16"] if "16 threads" in label else []),
+            env,
+            alloc,
+        )
+        for alloc, label, env in table
+    ]
 
 
 def dicts_variants(quick: bool) -> list[Variant]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import random
+import threading
 import time
 
 from _common import emit, live_floors
@@ -20,13 +21,34 @@ import memreclaim
 parser = argparse.ArgumentParser()
 parser.add_argument("--count", type=int, default=160_000)
 parser.add_argument("--keep-every", type=int, default=50)
+parser.add_argument("--threads", type=int, default=1, help="build the spike in N threads")
 args = parser.parse_args()
+
+
+def build_part(seed: int, count: int, out: list[tuple[str, float]]) -> None:
+    rng = random.Random(seed)
+    out.extend(("x" * rng.randint(600, 4000), rng.random()) for _ in range(count))
+
 
 gc.collect()
 base = memreclaim.rss()
 start = time.perf_counter()
-rng = random.Random(0)
-data = [("x" * rng.randint(600, 4000), rng.random()) for _ in range(args.count)]
+data: list[tuple[str, float]] = []
+if args.threads == 1:
+    build_part(0, args.count, data)
+else:  # each thread builds its share (glibc gives each its own arena), then they are joined
+    parts: list[list[tuple[str, float]]] = [[] for _ in range(args.threads)]
+    workers = [
+        threading.Thread(target=build_part, args=(i, args.count // args.threads, parts[i]))
+        for i in range(args.threads)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for part in parts:
+        data.extend(part)
+    del parts
 build = time.perf_counter() - start
 peak = memreclaim.rss()
 survivors = data[:: args.keep_every]
