@@ -350,6 +350,7 @@ def plot_rounds(variants: Sequence[Variant], path: Path) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return False
     groups = list(dict.fromkeys(v.group for v in variants))
@@ -376,6 +377,7 @@ def plot_rounds(variants: Sequence[Variant], path: Path) -> bool:
             )
         ax.set_title(f"seed 004 buffers: {group}", fontsize=10)
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, top * 1.1)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("RSS after the round, MiB (median run)")
