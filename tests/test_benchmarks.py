@@ -45,7 +45,7 @@ def rows(raw: dict[str, Any], case: str) -> dict[str, dict[str, Any]]:
 def test_quick_run_writes_the_report(quick_run: tuple[Path, dict[str, Any]]) -> None:
     out, raw = quick_run
     text = (out / "retention.md").read_text()
-    for title in ("## Seed 000", "## Seed 003", "## Seed 004"):
+    for title in ("## Seed 000", "## Seed 003", "## Seed 004", "## A real service"):
         assert title in text
     assert f"Python {raw['machine']['python']}, glibc {raw['machine']['glibc']}" in text
     assert "| glibc default |" in text
@@ -98,10 +98,27 @@ def test_quick_shrink_counts_madvise_in_trim(quick_run: tuple[Path, dict[str, An
 
 
 @pytest.mark.timeout(300)
+def test_quick_service_runs_with_and_without_the_trimmer(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    service = rows(quick_run[1], "service")
+    plain = service["glibc, no trimmer"]
+    trimmed = service["glibc, memreclaim run"]
+    for result in (plain, trimmed):
+        assert result["peak"] - result["baseline"] > 50 * MiB  # the burst was served
+        assert result["pings"] > 10
+        assert result["ping_ms_p50"] <= result["ping_ms_max"]
+    assert plain["trimmer_report"] == ""
+    assert trimmed["trimmer_report"].startswith("memreclaim run:")
+    assert " 0 trim(s)" not in trimmed["trimmer_report"]
+    assert trimmed["end"] < trimmed["after_burst"]  # the trimmer gave something back
+
+
+@pytest.mark.timeout(300)
 def test_quick_plots_are_pngs(quick_run: tuple[Path, dict[str, Any]]) -> None:
     pytest.importorskip("matplotlib")
     out = quick_run[0]
-    for name in ("spike.png", "dicts.png", "buffers.png"):
+    for name in ("spike.png", "dicts.png", "buffers.png", "service.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
         width, height = struct.unpack(">II", data[16:24])
