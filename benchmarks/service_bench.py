@@ -163,10 +163,12 @@ def plot_service(runs: list[tuple[str, list[dict[str, Any]]]], path: Path) -> bo
     for label, results in runs:
         ordered = sorted(results, key=lambda r: r["end"])
         mid = ordered[len(ordered) // 2]
-        ax.plot([t for t, _ in mid["samples"]], [r / MiB for _, r in mid["samples"]], label=label)
-    first = runs[0][1][0]["burst_window"]
-    ax.axvspan(first[0], first[1], color="grey", alpha=0.15, label="burst of /report requests")
-    ax.set_xlabel("seconds since the service started")
+        start, end = mid["burst_window"]
+        times = [t - start for t, _ in mid["samples"]]
+        (line,) = ax.plot(times, [r / MiB for _, r in mid["samples"]], label=label)
+        at_end = min(mid["samples"], key=lambda s: abs(s[0] - end))
+        ax.plot([end - start], [at_end[1] / MiB], marker="x", markersize=9, color=line.get_color())
+    ax.set_xlabel("seconds since the burst started (x: the burst is over, light traffic follows)")
     ax.set_ylabel("service RSS, MiB (median run)")
     ax.set_ylim(bottom=0)
     ax.set_title("HTTP service: a burst of large responses, then light traffic", fontsize=10)
