@@ -815,7 +815,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, vs in cases.items()
         },
     }
-    (out / "retention.json").write_text(json.dumps(raw, indent=1) + "\n")
+    (out / "retention.json").write_text(json.dumps(raw, separators=(",", ":")) + "\n")
     print(f"wrote {out / 'retention.md'} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return 0
 
