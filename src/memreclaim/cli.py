@@ -482,7 +482,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """``stats``: this interpreter's memory figures."""
-    st = memreclaim.stats(heap=True)
+    try:
+        st = memreclaim.stats(heap=True)
+    except memreclaim.UnsupportedAllocatorError:  # an allocator without statistics
+        st = memreclaim.stats()
     heap = st.heap
     data: dict[str, Any] = {
         "pid": os.getpid(),
