@@ -268,7 +268,7 @@ WORKLOADS: dict[str, tuple[Callable[[Recorder, float], object], str, bool]] = {
 def demo_verdict(phases: Sequence[Phase]) -> tuple[str, str]:
     """Judge a spike from the demo's own phases: ``(code, sentence)``.
 
-    The one place the rule lives (to be swapped for ``memreclaim.diagnose`` later). With
+    The one place the rule lives (to be swapped for ``memreclaim.diagnose()`` later). With
     *growth* the RSS rise from baseline to peak, *held* what is still resident after the free,
     and *back* what the trim then gave back:
 
