@@ -432,6 +432,158 @@ def commands(variants: Sequence[Variant]) -> list[str]:
     return lines
 
 
+Column = tuple[str, Callable[[Variant], str]]
+
+
+def mib_col(title: str, key: str) -> Column:
+    return (f"{title} MiB", lambda v: mib(v, key))
+
+
+def ms_col(title: str, key: str, scale: float = 1000, digits: int = 1) -> Column:
+    return (f"{title} ms", lambda v: secs(v, key, scale, digits))
+
+
+LABEL: Column = ("variant", lambda v: v.label)
+SHAPE: Column = ("shape", lambda v: v.group)
+
+# Per case: title, explanation, the table's columns, the plot's alt text, a closing paragraph.
+SECTIONS: dict[str, tuple[str, list[str], list[Column], str, list[str]]] = {
+    "spike": (
+        "Seed 000: a spike of strings, 2 % kept",
+        [
+            "160,000 strings of 600-4,000 bytes (`random.Random(0)`), every 50th kept with its",
+            "tuple and float, the rest freed, then `memreclaim.trim()` (which calls the serving",
+            "allocator's own release: malloc_trim(0), jemalloc `arena.<all>.purge`, `mi_collect`,",
+            "tcmalloc `ReleaseFreeMemory`). Physical floor: baseline RSS + bytes of the live",
+            "objects; page floor: baseline RSS + pages that hold at least one live byte (from the",
+            "objects' addresses) - no allocator can go below it without moving objects.",
+        ],
+        [
+            LABEL,
+            mib_col("baseline", "baseline"),
+            mib_col("peak", "peak"),
+            mib_col("after free", "after_free"),
+            mib_col("after trim", "after_trim"),
+            ms_col("trim", "trim_seconds"),
+            ("build s", lambda v: secs(v, "build_seconds")),
+            mib_col("physical floor", "physical_floor"),
+            mib_col("page floor", "page_floor"),
+        ],
+        "seed 000 spike",
+        [],
+    ),
+    "dicts": (
+        "Seed 003: a dict of a million dicts",
+        [
+            "`{i: {} for i in range(1_000_000)}`, then freed entirely or keeping every 1000th",
+            "inner dict, then `memreclaim.trim()`. The inner dicts live in pymalloc arenas (1 MiB",
+            "each, from mmap), which pymalloc frees only when every pool in the arena is empty.",
+        ],
+        [
+            SHAPE,
+            LABEL,
+            mib_col("baseline", "baseline"),
+            mib_col("peak", "peak"),
+            mib_col("after free", "after_free"),
+            mib_col("after trim", "after_trim"),
+            ms_col("trim", "trim_seconds"),
+            mib_col("page floor", "page_floor"),
+        ],
+        "seed 003 dicts",
+        [],
+    ),
+    "buffers": (
+        "Seed 004: many 1-5 MiB buffers per round",
+        [
+            "Each round allocates 12 buffers of 1-5 MiB, each followed by 40 temporary strings",
+            "and one string that survives; the round's temporaries are then freed. glibc's",
+            "adaptive mmap threshold rises after the first large free, so later buffers land on",
+            "the heap between survivors. Wall time includes the re-faults that giving pages back",
+            "costs.",
+        ],
+        [
+            SHAPE,
+            LABEL,
+            mib_col("baseline", "baseline"),
+            mib_col("highest round", "max_round"),
+            mib_col("last round", "final"),
+            ("wall s", lambda v: secs(v, "wall_seconds")),
+            (
+                "time in trim ms",
+                lambda v: secs(v, "trim_seconds", 1000, 1) if "trim" in v.argv else "-",
+            ),
+        ],
+        "seed 004 buffers",
+        [],
+    ),
+    "shrink": (
+        "Seed 002: the same in C",
+        [
+            "`benchmarks/shrink.c`: 1,000,000 blocks of 100 bytes, each thread allocating and",
+            "freeing its share, every 1000th kept. madvise calls counted with",
+            "`strace -f -e trace=madvise,write` (inside malloc_trim: between two marker writes).",
+        ],
+        [
+            LABEL,
+            mib_col("start", "start"),
+            mib_col("after malloc", "after_malloc"),
+            mib_col("after free", "after_free"),
+            mib_col("after trim", "after_trim"),
+            ("madvise in trim", lambda v: count(v, "madvise_during_trim")),
+            ("madvise total", lambda v: count(v, "madvise_total")),
+        ],
+        "",
+        [
+            "The binary is built at run time; by hand:",
+            "",
+            "    cc -O2 -pthread -o shrink benchmarks/shrink.c",
+            "    strace -f -qq -e trace=madvise,write -o trace.txt ./shrink 1 1000 1",
+        ],
+    ),
+    "service": (
+        "A real service: burst of large responses, then light traffic",
+        [
+            "`benchmarks/cases/service.py`: a stdlib `ThreadingHTTPServer` on 127.0.0.1 whose",
+            "`/report` builds a response from thousands of 600-4,000-byte strings and caches 2 %",
+            "of them. The client (in `benchmarks/service_bench.py`) sends a burst of concurrent",
+            "`/report` requests, then one `/ping` every 20 ms for 10 s, timing each; the server's",
+            'VmRSS is read from /proc every 50 ms. RSS "end" is at the end of the light traffic.',
+            '"memreclaim run" is `python -m memreclaim run --interval 0.5 --slack 32MiB --',
+            "service.py`: the service with the command line's periodic trimmer.",
+            "`MALLOC_MMAP_THRESHOLD_=131072` is glibc's default value, but fixed: setting it turns",
+            "off the adaptive mmap threshold, and with it the trim threshold's rise to twice the",
+            "mmap threshold (the 18 MB response bodies would raise them to 18 and 36 MB).",
+        ],
+        [
+            LABEL,
+            mib_col("baseline", "baseline"),
+            mib_col("peak", "peak"),
+            mib_col("after burst", "after_burst"),
+            mib_col("end", "end"),
+            ms_col("/report p50", "report_ms_p50", 1, 0),
+            ms_col("/ping p50", "ping_ms_p50", 1, 2),
+            ms_col("/ping p99", "ping_ms_p99", 1, 2),
+            ms_col("/ping max", "ping_ms_max", 1, 1),
+            ("trimmer (a median run)", lambda v: trimmer_summary(v)),
+        ],
+        "service RSS over time",
+        [
+            "Each command starts the service alone; the driver is",
+            "`python benchmarks/run.py --cases service`.",
+        ],
+    ),
+}
+
+
+def trimmer_summary(variant: Variant) -> str:
+    """``N trim(s) released X in Y ms`` from the median run's ``memreclaim run`` report."""
+    reports = sorted(r["trimmer_report"] for r in variant.results if r["trimmer_report"])
+    if not reports:
+        return "-"
+    median_report: str = reports[len(reports) // 2]
+    return median_report.split("; ", 1)[1].split(" (")[0]
+
+
 def report(
     cases: dict[str, list[Variant]],
     info: dict[str, Any],
@@ -440,6 +592,7 @@ def report(
     plots: dict[str, str],
     notes: list[str],
 ) -> str:
+    """The markdown report: the machine, then one section (table, commands, plot) per case."""
     versions = {}
     for variants in cases.values():
         for v in variants:
@@ -464,237 +617,20 @@ def report(
             lines.append(f"- {name}: {pkg or ''}{f' (reports {seen})' if seen else ''}")
     lines += [f"- Note: {n}" for n in notes]
     lines.append("")
-    if "spike" in cases:
-        vs = cases["spike"]
-        lines += [
-            "## Seed 000: a spike of strings, 2 % kept",
-            "",
-            "160,000 strings of 600-4,000 bytes (`random.Random(0)`), every 50th kept with its",
-            "tuple and float, the rest freed, then `memreclaim.trim()` (which calls the serving",
-            "allocator's own release: malloc_trim(0), jemalloc `arena.<all>.purge`, `mi_collect`,",
-            "tcmalloc `ReleaseFreeMemory`). Physical floor: baseline RSS + bytes of the live",
-            "objects; page floor: baseline RSS + pages that hold at least one live byte (from the",
-            "objects' addresses) - no allocator can go below it without moving objects.",
-            "",
-        ]
-        rows = [
-            [
-                v.label,
-                mib(v, "baseline"),
-                mib(v, "peak"),
-                mib(v, "after_free"),
-                mib(v, "after_trim"),
-                secs(v, "trim_seconds", 1000, 1),
-                secs(v, "build_seconds"),
-                mib(v, "physical_floor"),
-                mib(v, "page_floor"),
-            ]
-            for v in vs
-        ]
-        lines += table(
-            [
-                "variant",
-                "baseline MiB",
-                "peak MiB",
-                "after free MiB",
-                "after trim MiB",
-                "trim ms",
-                "build s",
-                "physical floor MiB",
-                "page floor MiB",
-            ],
-            rows,
-        )
-        lines += commands(vs)
-        if "spike" in plots:
-            lines += ["", f"![seed 000 spike]({plots['spike']})"]
+    for name, (title, text, columns, alt, closing) in SECTIONS.items():
+        if name not in cases:
+            continue
+        vs = cases[name]
+        lines += [f"## {title}", "", *text, ""]
+        lines += table([c[0] for c in columns], [[c[1](v) for c in columns] for v in vs])
+        if name != "shrink":
+            lines += commands(vs)
+        if closing:
+            lines += ["", *closing]
+        if name in plots:
+            lines += ["", f"![{alt}]({plots[name]})"]
         lines.append("")
-    if "dicts" in cases:
-        vs = cases["dicts"]
-        lines += [
-            "## Seed 003: a dict of a million dicts",
-            "",
-            "`{i: {} for i in range(1_000_000)}`, then freed entirely or keeping every 1000th",
-            "inner dict, then `memreclaim.trim()`. The inner dicts live in pymalloc arenas (1 MiB",
-            "each, from mmap), which pymalloc frees only when every pool in the arena is empty.",
-            "",
-        ]
-        rows = [
-            [
-                v.group,
-                v.label,
-                mib(v, "baseline"),
-                mib(v, "peak"),
-                mib(v, "after_free"),
-                mib(v, "after_trim"),
-                secs(v, "trim_seconds", 1000, 1),
-                mib(v, "page_floor"),
-            ]
-            for v in vs
-        ]
-        lines += table(
-            [
-                "shape",
-                "variant",
-                "baseline MiB",
-                "peak MiB",
-                "after free MiB",
-                "after trim MiB",
-                "trim ms",
-                "page floor MiB",
-            ],
-            rows,
-        )
-        lines += commands(vs)
-        if "dicts" in plots:
-            lines += ["", f"![seed 003 dicts]({plots['dicts']})"]
-        lines.append("")
-    if "buffers" in cases:
-        vs = cases["buffers"]
-        lines += [
-            "## Seed 004: many 1-5 MiB buffers per round",
-            "",
-            "Each round allocates 12 buffers of 1-5 MiB, each followed by 40 temporary strings",
-            "and one string that survives; the round's temporaries are then freed. glibc's",
-            "adaptive mmap threshold rises after the first large free, so later buffers land on",
-            "the heap between survivors. Wall time includes the re-faults that giving pages back",
-            "costs.",
-            "",
-        ]
-        rows = [
-            [
-                v.group,
-                v.label,
-                mib(v, "baseline"),
-                mib(v, "max_round"),
-                mib(v, "final"),
-                secs(v, "wall_seconds"),
-                secs(v, "trim_seconds", 1000, 1) if "trim" in v.argv else "-",
-            ]
-            for v in vs
-        ]
-        lines += table(
-            [
-                "shape",
-                "variant",
-                "baseline MiB",
-                "highest round MiB",
-                "last round MiB",
-                "wall s",
-                "time in trim ms",
-            ],
-            rows,
-        )
-        lines += commands(vs)
-        if "buffers" in plots:
-            lines += ["", f"![seed 004 buffers]({plots['buffers']})"]
-        lines.append("")
-    if "shrink" in cases:
-        vs = cases["shrink"]
-        lines += [
-            "## Seed 002: the same in C",
-            "",
-            "`benchmarks/shrink.c`: 1,000,000 blocks of 100 bytes, each thread allocating and",
-            "freeing its share, every 1000th kept. madvise calls counted with",
-            "`strace -f -e trace=madvise,write` (inside malloc_trim: between two marker writes).",
-            "",
-        ]
-        rows = [
-            [
-                v.label,
-                mib(v, "start"),
-                mib(v, "after_malloc"),
-                mib(v, "after_free"),
-                mib(v, "after_trim"),
-                count(v, "madvise_during_trim"),
-                count(v, "madvise_total"),
-            ]
-            for v in vs
-        ]
-        lines += table(
-            [
-                "variant",
-                "start MiB",
-                "after malloc MiB",
-                "after free MiB",
-                "after trim MiB",
-                "madvise in trim",
-                "madvise total",
-            ],
-            rows,
-        )
-        lines += [
-            "",
-            "Reproduce:",
-            "",
-            "    cc -O2 -pthread -o shrink benchmarks/shrink.c",
-            "    strace -f -qq -e trace=madvise,write -o trace.txt ./shrink 1 1000 1",
-            "",
-        ]
-    if "service" in cases:
-        lines += service_section(cases["service"], plots)
-    return "\n".join(lines) + "\n"
-
-
-def service_section(vs: Sequence[Variant], plots: dict[str, str]) -> list[str]:
-    """The real-service case: RSS of the server process and the latency of light traffic."""
-    lines = [
-        "## A real service: burst of large responses, then light traffic",
-        "",
-        "`benchmarks/cases/service.py`: a stdlib `ThreadingHTTPServer` on 127.0.0.1 whose",
-        "`/report` builds a response from thousands of 600-4,000-byte strings and caches 2 % of",
-        "them. The client (in `benchmarks/service_bench.py`) sends a burst of concurrent",
-        "`/report` requests, then one `/ping` every 20 ms for 10 s, timing each; the server's",
-        'VmRSS is read from /proc every 50 ms. RSS "end" is at the end of the light traffic.',
-        '"memreclaim run" is `python -m memreclaim run --interval 0.5 --slack 32MiB --',
-        "service.py`: the service with the command line's periodic trimmer.",
-        "`MALLOC_MMAP_THRESHOLD_=131072` is glibc's default value, but fixed: setting it turns",
-        "off the adaptive mmap threshold, and with it the trim threshold's rise to twice the",
-        "mmap threshold (the 18 MB response bodies would raise them to 18 and 36 MB).",
-        "",
-    ]
-    rows = []
-    for v in vs:
-        trims = [r["trimmer_report"] for r in v.results if r["trimmer_report"]]
-        rows.append(
-            [
-                v.label,
-                mib(v, "baseline"),
-                mib(v, "peak"),
-                mib(v, "after_burst"),
-                mib(v, "end"),
-                secs(v, "report_ms_p50", 1, 0),
-                secs(v, "ping_ms_p50", 1, 2),
-                secs(v, "ping_ms_p99", 1, 2),
-                secs(v, "ping_ms_max", 1, 1),
-                trims[len(trims) // 2].split("; ", 1)[1].split(" (")[0] if trims else "-",
-            ]
-        )
-    lines += table(
-        [
-            "variant",
-            "baseline MiB",
-            "peak MiB",
-            "after burst MiB",
-            "end MiB",
-            "/report p50 ms",
-            "/ping p50 ms",
-            "/ping p99 ms",
-            "/ping max ms",
-            "trimmer (a median run)",
-        ],
-        rows,
-    )
-    lines += commands(vs)
-    lines += [
-        "",
-        "(each command starts the service alone; the driver is `python benchmarks/run.py"
-        " --cases service`)",
-    ]
-    if "service" in plots:
-        lines += ["", f"![service RSS]({plots['service']})"]
-    lines.append("")
-    return lines
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------ main
