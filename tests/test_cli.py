@@ -100,10 +100,12 @@ def test_demo_dicts_is_pinned_by_pymalloc_arenas() -> None:
 
 
 def test_demo_buffers_runs_and_peaks_above_baseline() -> None:
-    result = demo_json("--workload", "buffers", "--no-trace")
+    result = demo_json("--workload", "buffers")  # traced by default: the byte-based rule
     p = phases(result)
     assert p["peak"]["rss"] - p["baseline"]["rss"] > 20 * MiB
     assert p["after trim"]["rss"] <= p["after free"]["rss"] + MiB
+    assert result["traced"] is True
+    assert p["after free"]["traced"] - p["baseline"]["traced"] < 2 * MiB  # a few survivors
     assert result["verdict"] in {"retained", "returned"}
 
 

@@ -173,14 +173,31 @@ class Recorder:
         return phase
 
     def mark_max(self, name: str) -> None:
-        """Record phase ``name`` now, or keep an earlier ``name`` whose RSS was higher."""
-        phase = self.measure(name)
+        """Record phase ``name`` as the highest figures seen over repeated calls.
+
+        For workloads measured round by round: each figure keeps its own maximum (RSS, traced,
+        allocated blocks ...), and ``seconds`` is the time of the highest RSS.
+        """
+        new = self.measure(name)
         for i, old in enumerate(self.phases):
             if old.name == name:
-                if phase.rss > old.rss:
-                    self.phases[i] = phase
+                self.phases[i] = Phase(
+                    name,
+                    new.seconds if new.rss > old.rss else old.seconds,
+                    max(new.rss, old.rss),
+                    _max(new.rss_anon, old.rss_anon),
+                    _max(new.traced, old.traced),
+                    _max(new.tracemalloc, old.tracemalloc),
+                    max(new.blocks, old.blocks),
+                    _max(new.heap_in_use, old.heap_in_use),
+                    _max(new.heap_free, old.heap_free),
+                )
                 return
-        self.phases.append(phase)
+        self.phases.append(new)
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 # --------------------------------------------------------------------------------------------
