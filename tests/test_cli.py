@@ -350,9 +350,10 @@ def test_run_script_trims_after_the_spike_and_reports(tmp_path: Path) -> None:
 
 def test_run_module_with_arguments(tmp_path: Path) -> None:
     (tmp_path / "hello_mod.py").write_text("import sys\nprint('hello', sys.argv[1:])\n")
-    proc = cli("run", "-m", "hello_mod", "a", "--b", cwd=tmp_path)
+    # everything after the module is the program's, --help and run's own option names included
+    proc = cli("run", "-m", "hello_mod", "a", "--help", "--interval", "x", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "hello ['a', '--b']"
+    assert proc.stdout.strip() == "hello ['a', '--help', '--interval', 'x']"
     assert "memreclaim run:" in proc.stderr
 
 
@@ -384,6 +385,8 @@ def test_run_missing_script_and_module_exit_1(tmp_path: Path) -> None:
         (["run", "--interval", "inf", "x.py"], "must be a positive number"),
         (["run", "--slack", "12 XB", "x.py"], "unknown unit"),
         (["run", "--slack", "-1", "x.py"], "--slack"),
+        (["run", "--bogus", "x.py"], "unrecognized arguments: --bogus"),
+        (["run", "-m"], "expected one argument"),
     ],
 )
 def test_run_bad_arguments_are_usage_errors(args: list[str], words: str) -> None:

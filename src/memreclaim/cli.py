@@ -716,9 +716,7 @@ class _PeriodicTrimmer:
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``run``: execute a script or module in this process with the trimmer running."""
-    argv: list[str] = list(args.argv)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
+    argv: list[str] = args.argv
     if args.module is None:
         if not argv:
             parser.error("run: give a script (run -- script.py args) or a module (run -m mod)")
@@ -862,10 +860,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _split_run(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split ``run [options] (-m MODULE | [--] SCRIPT) ARGS`` into (our options, the program's).
+
+    Everything after the module name or the script belongs to the program, ``--help`` included,
+    as with ``python -m module --help``; argparse alone would take such options for ``run``.
+    """
+    if not argv or argv[0] != "run":
+        return argv, []
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[:i], argv[i + 1 :]
+        if token == "-m":
+            return argv[: i + 2], argv[i + 2 :]
+        if token.startswith("-m") and not token.startswith("--"):  # -mmodule, like python
+            return argv[: i + 1], argv[i + 1 :]
+        if token in ("--interval", "--slack"):
+            i += 2
+        elif token.startswith("-"):
+            i += 1  # --interval=S, -h, or a mistake that argparse will report
+        else:
+            return argv[:i], argv[i:]
+    return argv, []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m memreclaim`` and the ``memreclaim`` script; returns the status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options, program = _split_run(argv)
+    args = parser.parse_args(options)
+    if args.command == "run":
+        args.argv = program
     try:
         if args.command == "demo":
             return cmd_demo(args)
