@@ -386,6 +386,8 @@ def test_run_missing_script_and_module_exit_1(tmp_path: Path) -> None:
         (["run", "--slack", "12 XB", "x.py"], "unknown unit"),
         (["run", "--slack", "-1", "x.py"], "--slack"),
         (["run", "--bogus", "x.py"], "unrecognized arguments: --bogus"),
+        (["run", "--min-interval", "0", "x.py"], "must be a positive number"),
+        (["run", "--min-interval", "500", "x.py"], "must be >= min_interval"),
         (["run", "-m"], "expected one argument"),
     ],
 )

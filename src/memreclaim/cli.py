@@ -659,61 +659,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 # run: a program with a periodic trimmer
 
 
-class _PeriodicTrimmer:
-    """A minimal periodic trimmer for ``run``, checked every ``interval`` seconds.
-
-    Private and provisional: to be replaced by ``memreclaim.watchdog.BackgroundTrimmer`` once
-    that lands. Rule: trim when RSS is more than ``slack`` above its floor (the lowest RSS seen)
-    and either Python objects were freed since the last trim (``sys.getallocatedblocks()`` fell
-    by 10 %) or a back-off has run out; a trim that gives back less than half the slack doubles
-    the back-off (1, 2, 4 ... 32 intervals), so steady growth is not trimmed at every tick.
-    """
-
-    def __init__(self, interval: float, slack: int) -> None:
-        self.interval = interval
-        self.slack = slack
-        self.floor = memreclaim.rss()
-        self.trims = 0
-        self.released = 0
-        self.seconds = 0.0
-        self._backoff = 1
-        self._wait = 0
-        self._blocks = sys.getallocatedblocks()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="memreclaim-trimmer", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            now = memreclaim.rss()
-            self.floor = min(self.floor, now)
-            blocks = sys.getallocatedblocks()
-            self._wait -= 1
-            if now - self.floor <= self.slack:
-                continue
-            if self._wait > 0 and blocks > self._blocks * 0.9:
-                continue
-            try:
-                result = memreclaim.trim()
-            except memreclaim.UnsupportedAllocatorError:
-                return
-            self.trims += 1
-            self.released += result.released or 0
-            self.seconds += result.seconds
-            self._blocks = sys.getallocatedblocks()
-            if (result.released or 0) < self.slack / 2:
-                self._backoff = min(self._backoff * 2, 32)
-            else:
-                self._backoff = 1
-            self._wait = self._backoff
-
-
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``run``: execute a script or module in this process with the trimmer running."""
     argv: list[str] = args.argv
@@ -734,7 +679,14 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             found = False
         if not found:
             raise CliError(f"no module named {args.module!r}")
-    trimmer = _PeriodicTrimmer(args.interval, args.slack)
+    from memreclaim.watchdog import BackgroundTrimmer  # the policy layer, only when needed
+
+    try:
+        trimmer = BackgroundTrimmer(
+            interval=args.interval, slack=args.slack, min_interval=args.min_interval
+        )
+    except (TypeError, ValueError) as exc:  # e.g. a min interval past the back-off cap
+        parser.error(f"run: {exc}")
     trimmer.start()
     start = time.perf_counter()
     status: int = 0
@@ -755,11 +707,12 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         trimmer.stop()
         elapsed = time.perf_counter() - start
         st = memreclaim.stats()
+        done = trimmer.counters
         print(
             f"memreclaim run: {elapsed:.1f} s, peak RSS {_size(st.peak_rss)}, RSS now"
-            f" {_size(st.rss)}; {trimmer.trims} trim(s) released {format_bytes(trimmer.released)}"
-            f" in {trimmer.seconds * 1000:.1f} ms (interval {args.interval:g} s, slack"
-            f" {format_bytes(args.slack)})",
+            f" {_size(st.rss)}; {done.trims} trim(s) released {format_bytes(done.bytes_released)}"
+            f" in {done.trim_seconds * 1000:.1f} ms (interval {args.interval:g} s, slack"
+            f" {format_bytes(args.slack)}, min interval {args.min_interval:g} s)",
             file=sys.stderr,
         )
     return status
@@ -844,7 +797,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run a Python program with a periodic trimmer, report at exit",
-        usage="memreclaim run [--interval S] [--slack SIZE] (-m MODULE | [--] SCRIPT) [ARGS...]",
+        usage="memreclaim run [--interval S] [--slack SIZE] [--min-interval S]"
+        " (-m MODULE | [--] SCRIPT) [ARGS...]",
     )
     run.add_argument(
         "--interval", type=_positive_float, default=1.0, help="seconds between checks (1)"
@@ -854,6 +808,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_size_arg,
         default=64 * MiB,
         help="trim when RSS exceeds its floor by more than this (default 64 MiB)",
+    )
+    run.add_argument(
+        "--min-interval",
+        type=_positive_float,
+        default=10.0,
+        help="seconds between two trims at least (default 10)",
     )
     run.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="ARGS")
@@ -877,7 +837,7 @@ def _split_run(argv: list[str]) -> tuple[list[str], list[str]]:
             return argv[: i + 2], argv[i + 2 :]
         if token.startswith("-m") and not token.startswith("--"):  # -mmodule, like python
             return argv[: i + 1], argv[i + 1 :]
-        if token in ("--interval", "--slack"):
+        if token in ("--interval", "--slack", "--min-interval"):
             i += 2
         elif token.startswith("-"):
             i += 1  # --interval=S, -h, or a mistake that argparse will report
