@@ -661,6 +661,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``run``: execute a script or module in this process with the trimmer running."""
+    from memreclaim.watchdog import BackgroundTrimmer  # the policy layer, only when needed
+
+    try:
+        trimmer = BackgroundTrimmer(
+            interval=args.interval, slack=args.slack, min_interval=args.min_interval
+        )
+    except (TypeError, ValueError) as exc:  # e.g. a min interval past the back-off cap
+        parser.error(f"run: {exc}")
     argv: list[str] = args.argv
     if args.module is None:
         if not argv:
@@ -679,14 +687,6 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             found = False
         if not found:
             raise CliError(f"no module named {args.module!r}")
-    from memreclaim.watchdog import BackgroundTrimmer  # the policy layer, only when needed
-
-    try:
-        trimmer = BackgroundTrimmer(
-            interval=args.interval, slack=args.slack, min_interval=args.min_interval
-        )
-    except (TypeError, ValueError) as exc:  # e.g. a min interval past the back-off cap
-        parser.error(f"run: {exc}")
     trimmer.start()
     start = time.perf_counter()
     status: int = 0
