@@ -152,16 +152,30 @@ def dicts_variants(quick: bool) -> list[Variant]:
         if quick:
             argv += ["--count", "200000"]
         group = "free all" if keep == 0 else "keep every 1000th"
-        rows: list[tuple[str, str, dict[str, str]]] = [
-            ("glibc", "glibc default", {}),
-            ("glibc", "glibc PYTHONMALLOC=malloc", {"PYTHONMALLOC": "malloc"}),
-            ("jemalloc", "jemalloc decay 0", {"MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"}),
-            ("mimalloc", "mimalloc MIMALLOC_DECOMMIT_DELAY=0", {"MIMALLOC_DECOMMIT_DELAY": "0"}),
-            ("tcmalloc", "tcmalloc default", {}),
+        rows: list[tuple[str, str, list[str], dict[str, str]]] = [
+            ("glibc", "glibc default", [], {}),
+            ("glibc", "glibc PYTHONMALLOC=malloc", [], {"PYTHONMALLOC": "malloc"}),
+            ("glibc", "glibc, enable_pool_reclaim() + trim(pools=True)", ["--pools"], {}),
+            (
+                "jemalloc",
+                "jemalloc decay 0",
+                [],
+                {"MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"},
+            ),
+            (
+                "mimalloc",
+                "mimalloc MIMALLOC_DECOMMIT_DELAY=0",
+                [],
+                {"MIMALLOC_DECOMMIT_DELAY": "0"},
+            ),
+            ("tcmalloc", "tcmalloc default", [], {}),
         ]
         if quick:
             rows = rows[:2]
-        out += [Variant("dicts", label, argv, env, alloc, group) for alloc, label, env in rows]
+        out += [
+            Variant("dicts", label, argv + extra, env, alloc, group)
+            for alloc, label, extra, env in rows
+        ]
     return out
 
 
@@ -477,7 +491,9 @@ SECTIONS: dict[str, tuple[str, list[str], list[Column], str, list[str]]] = {
         [
             "`{i: {} for i in range(1_000_000)}`, then freed entirely or keeping every 1000th",
             "inner dict, then `memreclaim.trim()`. The inner dicts live in pymalloc arenas (1 MiB",
-            "each, from mmap), which pymalloc frees only when every pool in the arena is empty.",
+            "each, from mmap), which pymalloc frees only when every pool in the arena is empty;",
+            "`enable_pool_reclaim()` (at start-up) lets `trim(pools=True)` give back the pages of",
+            "the empty 16 KiB pools inside such arenas.",
         ],
         [
             SHAPE,
@@ -488,6 +504,7 @@ SECTIONS: dict[str, tuple[str, list[str], list[Column], str, list[str]]] = {
             mib_col("after trim", "after_trim"),
             ms_col("trim", "trim_seconds"),
             mib_col("page floor", "page_floor"),
+            ("pymalloc pools released", lambda v: count(v, "pools_released")),
         ],
         "seed 003 dicts",
         [],

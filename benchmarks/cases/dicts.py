@@ -1,6 +1,8 @@
 """Seed 003: a dict of 1,000,000 empty dicts; keep every Nth inner dict (0: keep none); free.
 
 The inner dicts are pymalloc's (arenas of 1 MiB from mmap); the outer table is malloc's.
+With ``--pools``, pool reclaim is enabled at start-up and the trim also gives back the pages of
+empty pymalloc pools.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ import memreclaim
 parser = argparse.ArgumentParser()
 parser.add_argument("--count", type=int, default=1_000_000)
 parser.add_argument("--keep-every", type=int, default=0)
+parser.add_argument(
+    "--pools", action="store_true", help="enable_pool_reclaim() first, then trim(pools=True)"
+)
 args = parser.parse_args()
+if args.pools:
+    memreclaim.enable_pool_reclaim()  # at start-up: only arenas allocated later are covered
 
 gc.collect()
 base = memreclaim.rss()
@@ -30,7 +37,7 @@ del outer
 gc.collect()
 freed = memreclaim.rss()
 live, pages = live_floors([survivors, *survivors])
-result = memreclaim.trim()
+result = memreclaim.trim(pools=args.pools)
 emit(
     baseline=base,
     peak=peak,
@@ -40,5 +47,6 @@ emit(
     page_floor=base + pages,
     trim_seconds=result.seconds,
     trim_method=result.method,
+    pools_released=result.pools_released,
     build_seconds=build,
 )
