@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -29,6 +30,28 @@ def live_floors(objects: Iterable[object]) -> tuple[int, int]:
         total += size
         pages.update(range(start // PAGE, (start + size - 1) // PAGE + 1))
     return total, len(pages) * PAGE
+
+
+def trim_and_emit(
+    *, base: int, peak: int, build: float, live_objects: list[object], pools: bool = False
+) -> None:
+    """After the free: read RSS, the floors of ``live_objects``, trim, read RSS, emit it all."""
+    gc.collect()
+    freed = memreclaim.rss()
+    live, pages = live_floors(live_objects)
+    result = memreclaim.trim(pools=pools)
+    emit(
+        baseline=base,
+        peak=peak,
+        after_free=freed,
+        after_trim=memreclaim.rss(),
+        physical_floor=base + live,
+        page_floor=base + pages,
+        trim_seconds=result.seconds,
+        trim_method=result.method,
+        pools_released=result.pools_released,
+        build_seconds=build,
+    )
 
 
 def emit(**values: Any) -> None:

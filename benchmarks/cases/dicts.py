@@ -11,7 +11,7 @@ import argparse
 import gc
 import time
 
-from _common import emit, live_floors
+from _common import trim_and_emit
 
 import memreclaim
 
@@ -34,19 +34,6 @@ peak = memreclaim.rss()
 survivors = [outer[i] for i in range(0, args.count, args.keep_every)] if args.keep_every else []
 outer.clear()
 del outer
-gc.collect()
-freed = memreclaim.rss()
-live, pages = live_floors([survivors, *survivors])
-result = memreclaim.trim(pools=args.pools)
-emit(
-    baseline=base,
-    peak=peak,
-    after_free=freed,
-    after_trim=memreclaim.rss(),
-    physical_floor=base + live,
-    page_floor=base + pages,
-    trim_seconds=result.seconds,
-    trim_method=result.method,
-    pools_released=result.pools_released,
-    build_seconds=build,
+trim_and_emit(
+    base=base, peak=peak, build=build, live_objects=[survivors, *survivors], pools=args.pools
 )

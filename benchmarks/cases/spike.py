@@ -14,7 +14,7 @@ import random
 import threading
 import time
 
-from _common import emit, live_floors
+from _common import trim_and_emit
 
 import memreclaim
 
@@ -53,18 +53,9 @@ build = time.perf_counter() - start
 peak = memreclaim.rss()
 survivors = data[:: args.keep_every]
 del data
-gc.collect()
-freed = memreclaim.rss()
-live, pages = live_floors([survivors, *survivors, *(o for t in survivors for o in t)])
-result = memreclaim.trim()
-emit(
-    baseline=base,
+trim_and_emit(
+    base=base,
     peak=peak,
-    after_free=freed,
-    after_trim=memreclaim.rss(),
-    physical_floor=base + live,
-    page_floor=base + pages,
-    trim_seconds=result.seconds,
-    trim_method=result.method,
-    build_seconds=build,
+    build=build,
+    live_objects=[survivors, *survivors, *(o for t in survivors for o in t)],
 )
