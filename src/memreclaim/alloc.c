@@ -268,7 +268,11 @@ static void detect(void)
 {
     Dl_info info;
     const void *base = NULL;
-    void *malloc_address = dlsym(RTLD_DEFAULT, "malloc");
+    /* Test seam: MEMRECLAIM_TEST_MALLOC_SYMBOL=__libc_malloc takes the object defining that name
+     * for the one serving malloc, so the glibc backend can run under ASan or valgrind (which
+     * interpose malloc themselves). */
+    const char *probe = getenv("MEMRECLAIM_TEST_MALLOC_SYMBOL");
+    void *malloc_address = dlsym(RTLD_DEFAULT, probe != NULL && *probe != '\0' ? probe : "malloc");
 
     if (malloc_address != NULL && dladdr(malloc_address, &info) != 0) {
         base = info.dli_fbase;
