@@ -141,6 +141,16 @@ static PyObject *raise_unsupported(core_state *state, const char *function)
     return NULL;
 }
 
+/* glibc serves malloc but `symbol` was not found in it (hidden, or interposed by a tool). */
+static PyObject *raise_missing(core_state *state, const char *function, const char *symbol)
+{
+    PyErr_Format(state->unsupported_error,
+                 "%s() needs %s(), which the %U allocator serving malloc in this process does "
+                 "not provide",
+                 function, symbol, state->allocator_name);
+    return NULL;
+}
+
 /* Keyword-only boolean flag: True/False only, so a typo like heap="no" is a TypeError. */
 static int parse_flag(PyObject *value, const char *name, int *out)
 {
@@ -524,7 +534,7 @@ static PyObject *set_mallopt(PyObject *module, PyObject *value, const char *func
     /* GIL kept: mallopt takes the main arena's lock for a few instructions. */
     err = mr_glibc_mallopt(param, (int)v);
     if (err == ENOTSUP) {
-        return raise_unsupported(state, function);
+        return raise_missing(state, function, "mallopt");
     }
     if (err != 0) {
         PyErr_Format(PyExc_ValueError, "glibc refused %s=%lld", name, v);
@@ -590,7 +600,7 @@ static PyObject *core_malloc_info(PyObject *module, PyObject *Py_UNUSED(ignored)
     Py_BEGIN_ALLOW_THREADS err = mr_glibc_malloc_info(&text, &size);
     Py_END_ALLOW_THREADS if (err == ENOTSUP)
     {
-        return raise_unsupported(state, "malloc_info");
+        return raise_missing(state, "malloc_info", "malloc_info");
     }
     if (err != 0) {
         errno = err;
