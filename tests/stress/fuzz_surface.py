@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import faulthandler
 import json
@@ -180,7 +181,7 @@ ALLOWED = (
 
 def restore_knobs() -> None:
     """Undo whatever a fuzzed knob call set (a 1-byte mmap threshold would mmap every malloc)."""
-    if memreclaim.allocator() == "glibc":
+    with contextlib.suppress(memreclaim.UnsupportedAllocatorError):
         memreclaim.pin_mmap_threshold(128 * 1024)
         memreclaim.set_trim_threshold(128 * 1024)
         _core.set_arena_max(8)
