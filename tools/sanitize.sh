@@ -6,8 +6,9 @@
 #   tools/sanitize.sh                      # core tests: hardening, fuzz (+ test_core*/test_api*)
 #   tools/sanitize.sh tests/               # any pytest arguments instead
 #
-# Environment: PYTHON (default .venv/bin/python), BUILD (default build/sanitize), JOBS (pytest -n,
-# default 2), CC (default gcc: the ASan runtime preloaded is gcc's).
+# Environment: PYTHON (default .venv/bin/python, with the test extra installed), BUILD (default
+# build/sanitize), BUILD_VENV (default build/sanitize-venv: setuptools for setup.py), JOBS (pytest
+# -n, default 2), CC (default gcc: the ASan runtime preloaded is gcc's).
 #
 # The normal in-place build is untouched: the sanitized extension and a copy of the Python package
 # go to $BUILD/lib, which comes first on PYTHONPATH. ASan serves malloc itself, so allocator
@@ -19,6 +20,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 BUILD=${BUILD:-$ROOT/build/sanitize}
+BUILD_VENV=${BUILD_VENV:-$ROOT/build/sanitize-venv}
 JOBS=${JOBS:-2}
 CC=${CC:-gcc}
 started=$(date +%s)
@@ -29,12 +31,22 @@ mkdir -p "$BUILD/lib/memreclaim" "$BUILD/reports"
 (cd src/memreclaim && find . -type f ! -name '*.so' ! -path '*/__pycache__/*' -print0 |
     xargs -0 -I{} cp --parents {} "$BUILD/lib/memreclaim/")
 
+# setup.py runs in a small venv of its own holding pyproject's [build-system] requirements
+# (kept across runs), so neither the development venv nor its in-place build changes.
+if [ ! -x "$BUILD_VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$BUILD_VENV"
+    requires=$("$PYTHON" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
+    # shellcheck disable=SC2086
+    "$BUILD_VENV/bin/python" -m pip install -q --disable-pip-version-check $requires \
+        2> >(grep -v '^WARNING: Location' >&2)
+fi
+
 # Python's own CFLAGS carry -fwrapv, which would hide signed overflow from UBSan: undo it.
 SAN_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1 -fno-wrapv"
 echo "== building with $CC $SAN_FLAGS"
 CC=$CC CFLAGS="$SAN_FLAGS -Werror" LDFLAGS="-fsanitize=address,undefined" \
-    "$PYTHON" setup.py -q build_ext --build-lib "$BUILD/lib" --build-temp "$BUILD/tmp" \
-    >"$BUILD/build.log" 2>&1 || { cat "$BUILD/build.log"; exit 1; }
+    "$BUILD_VENV/bin/python" setup.py -q build_ext --build-lib "$BUILD/lib" \
+    --build-temp "$BUILD/tmp" >"$BUILD/build.log" 2>&1 || { cat "$BUILD/build.log"; exit 1; }
 built=$(date +%s)
 
 ASAN_RUNTIME=$("$CC" -print-file-name=libasan.so)
@@ -55,14 +67,16 @@ PY
 
 if [ $# -eq 0 ]; then
     set -- tests/test_hardening.py tests/test_fuzz.py
-    for extra in tests/test_core*.py tests/test_api*.py tests/test_units*.py; do
+    for extra in tests/test_core*.py tests/test_api*.py tests/test_units*.py \
+        tests/test_interpreters.py; do
         [ -f "$extra" ] && set -- "$@" "$extra"
     done
 fi
 PLUGIN=()
 "$PYTHON" -c 'import memreclaim.pytest_plugin' 2>/dev/null || PLUGIN=(-p no:memreclaim)
 status=0
-"$PYTHON" -m pytest -q -p no:cacheprovider "${PLUGIN[@]}" -n "$JOBS" --durations=15 "$@" 2>&1 | tee "$BUILD/pytest.log" || status=$?
+PYTHONPATH="$ROOT/tools:$PYTHONPATH" "$PYTHON" -m pytest -q -p no:cacheprovider -p sanitize_plugin \
+    "${PLUGIN[@]}" -n "$JOBS" --durations=15 "$@" 2>&1 | tee "$BUILD/pytest.log" || status=$?
 finished=$(date +%s)
 
 reports=$(find "$BUILD/reports" -type f | sort)
