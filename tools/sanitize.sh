@@ -49,6 +49,10 @@ CC=$CC CFLAGS="$SAN_FLAGS -Werror" LDFLAGS="-fsanitize=address,undefined" \
     --build-temp "$BUILD/tmp" >"$BUILD/build.log" 2>&1 || { cat "$BUILD/build.log"; exit 1; }
 built=$(date +%s)
 
+for so in "$BUILD"/lib/memreclaim/*.so; do  # really instrumented?
+    nm -D "$so" | grep -q __asan_report || { echo "$so has no ASan instrumentation"; exit 1; }
+done
+
 ASAN_RUNTIME=$("$CC" -print-file-name=libasan.so)
 [ -f "$ASAN_RUNTIME" ] || { echo "no ASan runtime from $CC ($ASAN_RUNTIME)"; exit 1; }
 export LD_PRELOAD=$ASAN_RUNTIME
