@@ -36,10 +36,14 @@
 /* ---- procfs.c ------------------------------------------------------------------------------- */
 
 /* A kept descriptor on /proc/self/statm. The descriptor names the process that opened it, so it
- * is reopened when the fork generation changes (a child must read its own figures). */
+ * is reopened when the fork generation changes (a child must read its own figures). The program
+ * may close the descriptor behind our back (a daemoniser closing every descriptor) and reuse its
+ * number: device and inode tell whether it is still ours, and a descriptor that is not is
+ * forgotten, never read or closed. */
 typedef struct {
     int fd;                   /* -1 when not open */
     unsigned long generation; /* mr_fork_generation() when fd was opened */
+    uint64_t dev, ino;        /* fstat() of fd when it was opened */
 } mr_statm;
 
 typedef struct {

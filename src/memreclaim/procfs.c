@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Bumped in every child after fork(). A kept /proc/self/statm descriptor keeps naming the parent
@@ -50,11 +51,20 @@ void mr_statm_init(mr_statm *statm)
 {
     statm->fd = -1;
     statm->generation = 0;
+    statm->dev = statm->ino = 0;
+}
+
+/* Whether statm->fd is still the descriptor we opened (not closed and its number reused). */
+static int statm_is_ours(const mr_statm *statm)
+{
+    struct stat st;
+    return fstat(statm->fd, &st) == 0 && (uint64_t)st.st_dev == statm->dev &&
+           (uint64_t)st.st_ino == statm->ino;
 }
 
 void mr_statm_close(mr_statm *statm)
 {
-    if (statm->fd >= 0) {
+    if (statm->fd >= 0 && statm_is_ours(statm)) {
         (void)close(statm->fd);
     }
     statm->fd = -1;
@@ -89,11 +99,23 @@ int mr_statm_read(mr_statm *statm, mr_rss_sample *out)
     if (statm->fd >= 0 && (statm->generation != generation || generation == 0)) {
         mr_statm_close(statm);
     }
+    if (statm->fd >= 0 && !statm_is_ours(statm)) {
+        statm->fd = -1; /* closed behind our back, maybe reused: not ours to read or close */
+    }
     if (statm->fd < 0) {
+        struct stat st;
         statm->fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
         if (statm->fd < 0) {
             return errno;
         }
+        if (fstat(statm->fd, &st) != 0) {
+            int saved = errno;
+            (void)close(statm->fd);
+            statm->fd = -1;
+            return saved;
+        }
+        statm->dev = (uint64_t)st.st_dev;
+        statm->ino = (uint64_t)st.st_ino;
         statm->generation = generation;
     }
     do {
