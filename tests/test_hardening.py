@@ -147,19 +147,38 @@ def test_discipline_check_catches_a_leak() -> None:
 # ---- concurrency -------------------------------------------------------------------------------
 
 
+def _concurrency_params() -> list[Any]:
+    params = [
+        pytest.param("", "", id="native-allocator"),
+        pytest.param("", "malloc_trim", id="unknown-allocator"),
+    ]
+    for name in PRELOADS:
+        params.append(pytest.param(name, "", id=name, marks=no_preload_under_asan))
+    return params
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("hide", ["", "malloc_trim"], ids=["native-allocator", "unknown-allocator"])
-def test_16_callers_4_churners_no_crash_no_deadlock(hide: str) -> None:
+@pytest.mark.parametrize(("preload", "hide"), _concurrency_params())
+def test_16_callers_4_churners_no_crash_no_deadlock(preload: str, hide: str) -> None:
     """16 threads call trim/rss/stats/the knobs (and now and then the heap walkers) while 4
-    threads allocate and free 1-5 MiB and 1-4 KiB objects, for 3 s. The child dumps its stacks
-    and exits if a thread is stuck 30 s past the end; this test kills it after 120 s."""
+    threads allocate and free 1-5 MiB and 1-4 KiB objects, for 3 s (2 s under a preloaded
+    allocator). The child dumps its stacks and exits if a thread is stuck 30 s past the end;
+    this test kills it after 120 s."""
     env = {"MEMRECLAIM_TEST_HIDE_SYMBOLS": hide} if hide else None
-    proc = run(script("concurrency.py", "--seconds", "3", "--grace", "30"), env=env, timeout=120)
+    library = str(allocator_lib(preload)) if preload else None
+    seconds = "2" if preload else "3"
+    proc = run(
+        script("concurrency.py", "--seconds", seconds, "--grace", "30"),
+        env=env,
+        preload=library,
+        timeout=120,
+    )
     assert proc.returncode == 0, explain(proc)
     summary = last_json(proc)
     assert summary["errors"] == []
+    assert summary["allocator"] == (preload or ("unknown" if hide else NATIVE))
     expected = {"trim", "rss", "stats", "pin_mmap_threshold", "set_trim_threshold", "set_arena_max"}
-    if not hide and NATIVE == "glibc":
+    if summary["allocator"] == "glibc":
         expected |= {"heap_stats", "stats(heap=True)", "malloc_info", "arenas"}
     assert set(summary["calls"]) == expected
     assert all(count > 0 for count in summary["calls"].values()), summary["calls"]
@@ -337,6 +356,61 @@ def test_proc_hidden_after_import_kept_descriptor_then_fork() -> None:
     assert report["child_status"] == 0
     assert report["child"]["rss"] == ["FileNotFoundError", errno.ENOENT, "/proc/self/statm"]
     assert report["child"]["trim_released"] is None
+
+
+_FD_REUSE = textwrap.dedent(
+    """
+    import json, os, socket, tempfile
+    import memreclaim
+
+    def statm_fd():
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{name}").endswith("/statm"):
+                    return int(name)
+            except OSError:
+                pass
+        raise AssertionError("memreclaim keeps no /proc/self/statm descriptor")
+
+    report = {}
+    true_rss = memreclaim.rss()
+    # A daemoniser closes every descriptor; the program's next socket gets the same number.
+    fd = statm_fd()
+    os.close(fd)
+    ours, theirs = socket.socketpair()
+    os.dup2(ours.fileno(), fd)
+    report["rss_over_socket"] = memreclaim.rss()
+    os.fstat(fd)  # raises if memreclaim closed the program's socket
+    report["socket_still_open"] = True
+    # Same again with a regular file that looks like statm: it must not be read as our RSS.
+    fd = statm_fd()
+    os.close(fd)
+    with tempfile.TemporaryFile() as fake:
+        fake.write(b"1 2 1 1 0 1 0\\n")
+        fake.flush()
+        os.dup2(fake.fileno(), fd)
+        report["rss_over_file"] = memreclaim.rss()
+        report["trim_rss_after"] = memreclaim.trim().rss_after
+        os.fstat(fd)
+    report["true_rss"] = true_rss
+    print(json.dumps(report))
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_statm_descriptor_closed_and_reused_behind_our_back() -> None:
+    """The program closes the kept /proc/self/statm descriptor and reuses its number: rss() must
+    neither close the program's descriptor nor read it as RSS."""
+    proc = run([sys.executable, "-c", _FD_REUSE], timeout=60)
+    assert proc.returncode == 0, explain(proc)
+    report = last_json(proc)
+    assert report["socket_still_open"] is True
+    page = os.sysconf("SC_PAGESIZE")
+    for key in ("rss_over_socket", "rss_over_file", "trim_rss_after"):
+        # Within a factor of 4 of the true figure: not the fake file's 2 pages.
+        assert report[key] > 2 * page, (key, report)
+        assert report["true_rss"] / 4 < report[key] < report["true_rss"] * 4, (key, report)
 
 
 # ---- faults: an unknown allocator --------------------------------------------------------------

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The long hardening run (not part of the normal suite): the scripts the suite runs briefly,
+# run long. Prints one JSON summary per step; exits non-zero on the first failure.
+#
+#   tests/stress/run.sh                    # SECONDS=60 per concurrency run, EXAMPLES=3000 fuzz
+#
+# Steps: concurrency for SECONDS under glibc, the 'unknown' backend, and each installed
+# preloadable allocator (jemalloc, mimalloc, tcmalloc); discipline with SCALE (default 1:
+# 100,000 calls a case) natively and with the unknown backend; the argument fuzz with EXAMPLES
+# per function. Environment: PYTHON (default .venv/bin/python).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+STRESS_SECONDS=${SECONDS_PER_RUN:-60}
+EXAMPLES=${EXAMPLES:-3000}
+SCALE=${SCALE:-1}
+LIBDIR=/usr/lib/x86_64-linux-gnu
+started=$(date +%s)
+
+step() {
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name"
+    local begin=$(date +%s)
+    # A hang is a failure: timeout(1) kills the step after `limit` seconds.
+    timeout --signal=KILL "$limit" "$@" | tail -1
+    echo "   ($(( $(date +%s) - begin )) s)"
+}
+
+conc=(tests/stress/concurrency.py --seconds "$STRESS_SECONDS" --grace 60)
+limit=$((STRESS_SECONDS + 120))
+step "concurrency glibc ${STRESS_SECONDS}s" "$limit" "$PYTHON" "${conc[@]}"
+step "concurrency unknown ${STRESS_SECONDS}s" "$limit" \
+    env MEMRECLAIM_TEST_HIDE_SYMBOLS=malloc_trim "$PYTHON" "${conc[@]}"
+for lib in libjemalloc.so.2 libmimalloc.so.2 libtcmalloc_minimal.so.4; do
+    if [ -f "$LIBDIR/$lib" ]; then
+        step "concurrency $lib ${STRESS_SECONDS}s" "$limit" \
+            env LD_PRELOAD="$LIBDIR/$lib" "$PYTHON" "${conc[@]}"
+    fi
+done
+step "discipline glibc" 1200 "$PYTHON" tests/stress/discipline.py --scale "$SCALE"
+step "discipline unknown" 1200 \
+    env MEMRECLAIM_TEST_HIDE_SYMBOLS=malloc_trim "$PYTHON" tests/stress/discipline.py --scale "$SCALE"
+step "fuzz ${EXAMPLES} examples per function" 3600 \
+    "$PYTHON" tests/stress/fuzz_surface.py --examples "$EXAMPLES"
+echo "== stress run: $(( $(date +%s) - started )) s, all steps passed"
