@@ -178,8 +178,10 @@ def test_16_callers_4_churners_no_crash_no_deadlock(preload: str, hide: str) -> 
     assert summary["errors"] == []
     assert summary["allocator"] == (preload or ("unknown" if hide else NATIVE))
     expected = {"trim", "rss", "stats", "pin_mmap_threshold", "set_trim_threshold", "set_arena_max"}
+    if summary["allocator"] in ("glibc", "jemalloc", "mimalloc", "tcmalloc"):
+        expected |= {"heap_stats", "stats(heap=True)"}
     if summary["allocator"] == "glibc":
-        expected |= {"heap_stats", "stats(heap=True)", "malloc_info", "arenas"}
+        expected |= {"malloc_info", "arenas"}
     assert set(summary["calls"]) == expected
     assert all(count > 0 for count in summary["calls"].values()), summary["calls"]
     assert summary["allocations"]["large"] > 0 and summary["allocations"]["small"] > 0
