@@ -50,7 +50,7 @@ CC=$CC CFLAGS="$SAN_FLAGS -Werror" LDFLAGS="-fsanitize=address,undefined" \
 built=$(date +%s)
 
 for so in "$BUILD"/lib/memreclaim/*.so; do  # really instrumented?
-    nm -D "$so" | grep -q __asan_report || { echo "$so has no ASan instrumentation"; exit 1; }
+    grep -q __asan_report <(nm -D "$so") || { echo "$so has no ASan instrumentation"; exit 1; }
 done
 
 ASAN_RUNTIME=$("$CC" -print-file-name=libasan.so)
