@@ -8,7 +8,7 @@
 # any of its stacks: a use after free also names where the block was freed);
 # the interpreter's own errors are counted and listed, not failed on.
 #
-#   tools/valgrind.sh                 # CALLS (default 100) per case, SECONDS (default 2) threaded
+#   tools/valgrind.sh     # CALLS (default 100) per case, THREAD_SECONDS (default 2) threaded
 #
 # Environment: PYTHON (default .venv/bin/python; the in-place build is what is checked), OUT
 # (default build/valgrind: XML logs).
@@ -19,7 +19,7 @@ cd "$ROOT"
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 OUT=${OUT:-$ROOT/build/valgrind}
 CALLS=${CALLS:-100}
-SECONDS_THREADED=${SECONDS:-2}
+THREAD_SECONDS=${THREAD_SECONDS:-2}
 command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)"; exit 1; }
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -33,7 +33,7 @@ for mode in glibc unknown; do
     MEMRECLAIM_TEST_HIDE_SYMBOLS=$hide PYTHONMALLOC=malloc valgrind --tool=memcheck --leak-check=no \
         --child-silent-after-fork=no --trace-children=no --xml=yes \
         --xml-file="$OUT/$mode.%p.xml" \
-        "$PYTHON" tests/stress/smoke.py --calls "$CALLS" --seconds "$SECONDS_THREADED" \
+        "$PYTHON" tests/stress/smoke.py --calls "$CALLS" --seconds "$THREAD_SECONDS" \
         >"$OUT/$mode.stdout" 2>"$OUT/$mode.stderr" || {
         echo "smoke run failed under valgrind ($mode):"; tail -20 "$OUT/$mode.stderr"; status=1; }
     tail -1 "$OUT/$mode.stdout"

@@ -2,9 +2,9 @@
 # The long hardening run (not part of the normal suite): the scripts the suite runs briefly,
 # run long. Prints one JSON summary per step; exits non-zero on the first failure.
 #
-#   tests/stress/run.sh                    # SECONDS=60 per concurrency run, EXAMPLES=3000 fuzz
+#   tests/stress/run.sh      # SECONDS_PER_RUN=60 per concurrency run, EXAMPLES=3000 fuzz
 #
-# Steps: concurrency for SECONDS under glibc, the 'unknown' backend, and each installed
+# Steps: concurrency for SECONDS_PER_RUN under glibc, the 'unknown' backend, and each installed
 # preloadable allocator (jemalloc, mimalloc, tcmalloc); discipline with SCALE (default 1:
 # 100,000 calls a case) natively and with the unknown backend; the argument fuzz with EXAMPLES
 # per function. Environment: PYTHON (default .venv/bin/python).
