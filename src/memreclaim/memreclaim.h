@@ -38,8 +38,8 @@
 /* A kept descriptor on /proc/self/statm. The descriptor names the process that opened it, so it
  * is reopened when the fork generation changes (a child must read its own figures). The program
  * may close the descriptor behind our back (a daemoniser closing every descriptor) and reuse its
- * number: device and inode tell whether it is still ours, and a descriptor that is not is
- * forgotten, never read or closed. */
+ * number: when a read fails or is not statm, device and inode tell whether it is still ours; one
+ * that is not is forgotten (never closed) and statm reopened. */
 typedef struct {
     int fd;                   /* -1 when not open */
     unsigned long generation; /* mr_fork_generation() when fd was opened */

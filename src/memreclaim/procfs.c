@@ -90,52 +90,80 @@ static int parse_u64(const char **cursor, const char *end, uint64_t *out)
     return 0;
 }
 
+/* Open /proc/self/statm into *statm, recording what identifies it. Returns 0 or an errno. */
+static int statm_open(mr_statm *statm, unsigned long generation)
+{
+    struct stat st;
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return errno;
+    }
+    if (fstat(fd, &st) != 0) {
+        int saved = errno;
+        (void)close(fd);
+        return saved;
+    }
+    statm->fd = fd;
+    statm->dev = (uint64_t)st.st_dev;
+    statm->ino = (uint64_t)st.st_ino;
+    statm->generation = generation;
+    return 0;
+}
+
+/* "size resident shared text lib data dt\n", in pages: seven numbers and a newline, nothing else
+ * (anything else is not statm). Returns 0 or -1. */
+static int parse_statm(const char *buf, ssize_t n, uint64_t fields[7])
+{
+    const char *p = buf;
+    const char *end = buf + n;
+    for (int i = 0; i < 7; i++) {
+        if (parse_u64(&p, end, &fields[i]) != 0) {
+            return -1;
+        }
+    }
+    return p + 1 == end && *p == '\n' ? 0 : -1;
+}
+
 int mr_statm_read(mr_statm *statm, mr_rss_sample *out)
 {
     char buf[160];
+    uint64_t fields[7];
     unsigned long generation = mr_fork_generation();
-    ssize_t n;
+    int err = EIO;
 
     if (statm->fd >= 0 && (statm->generation != generation || generation == 0)) {
         mr_statm_close(statm);
     }
-    if (statm->fd >= 0 && !statm_is_ours(statm)) {
-        statm->fd = -1; /* closed behind our back, maybe reused: not ours to read or close */
-    }
-    if (statm->fd < 0) {
-        struct stat st;
-        statm->fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-        if (statm->fd < 0) {
-            return errno;
+    /* Twice at most: the program may have closed our descriptor and reused its number, which
+     * shows as a failed read or as something that is not statm. Only then is the descriptor's
+     * identity checked, so the usual read costs one pread. */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        ssize_t n;
+        if (statm->fd < 0 && (err = statm_open(statm, generation)) != 0) {
+            return err;
         }
-        if (fstat(statm->fd, &st) != 0) {
-            int saved = errno;
-            (void)close(statm->fd);
-            statm->fd = -1;
-            return saved;
+        do {
+            n = pread(statm->fd, buf, sizeof(buf), 0);
+        } while (n < 0 && errno == EINTR);
+        if (n >= 0 && parse_statm(buf, n, fields) == 0) {
+            err = 0;
+            break;
         }
-        statm->dev = (uint64_t)st.st_dev;
-        statm->ino = (uint64_t)st.st_ino;
-        statm->generation = generation;
+        err = n < 0 ? errno : EIO;
+        if (statm_is_ours(statm)) {
+            if (n < 0) {
+                (void)close(statm->fd);
+                statm->fd = -1;
+            }
+            return err;
+        }
+        statm->fd = -1; /* not ours any more: forget it (never close it), open ours again */
     }
-    do {
-        n = pread(statm->fd, buf, sizeof(buf), 0);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        int saved = errno;
-        mr_statm_close(statm);
-        return saved;
+    if (err != 0) {
+        return err;
     }
-
-    /* "size resident shared text lib data dt", in pages. */
-    const char *p = buf;
-    const char *end = buf + n;
-    uint64_t size, resident, shared;
-    if (parse_u64(&p, end, &size) || parse_u64(&p, end, &resident) || parse_u64(&p, end, &shared)) {
-        return EIO;
-    }
-    out->resident = (int64_t)resident * page_size;
-    out->anon = resident > shared ? (int64_t)(resident - shared) * page_size : 0;
+    out->resident = (int64_t)fields[1] * page_size;
+    out->anon = fields[1] > fields[2] ? (int64_t)(fields[1] - fields[2]) * page_size : 0;
     if (generation == 0) {
         mr_statm_close(statm); /* no fork notification: never keep the descriptor */
     }
