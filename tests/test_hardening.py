@@ -384,11 +384,11 @@ _FD_REUSE = textwrap.dedent(
     report["rss_over_socket"] = memreclaim.rss()
     os.fstat(fd)  # raises if memreclaim closed the program's socket
     report["socket_still_open"] = True
-    # Same again with a regular file that looks like statm: it must not be read as our RSS.
+    # Same again with the program's log file: it must not be read as our RSS.
     fd = statm_fd()
     os.close(fd)
     with tempfile.TemporaryFile() as fake:
-        fake.write(b"1 2 1 1 0 1 0\\n")
+        fake.write(b"2026-11-30 08:00:01 worker 12 started\\n")
         fake.flush()
         os.dup2(fake.fileno(), fd)
         report["rss_over_file"] = memreclaim.rss()
