@@ -20,7 +20,13 @@ from typing import Any
 import pytest
 
 FUZZ = Path(__file__).resolve().parent / "stress" / "fuzz_surface.py"
-FUNCTIONS = 15  # the public calls fuzz_surface.py covers
+try:
+    import memreclaim._pools  # noqa: F401
+
+    POOLS = 4
+except ImportError:
+    POOLS = 0
+FUNCTIONS = 15 + POOLS  # the public calls fuzz_surface.py covers (+ memreclaim._pools's)
 
 
 def fuzz(

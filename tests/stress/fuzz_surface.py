@@ -168,14 +168,39 @@ TARGETS: dict[str, tuple[Callable[..., object], Any, Callable[[object], bool]]] 
 }
 
 
+# The pool-reclaim C module (CPython 3.11 only): its calls too. main() enables pool reclaim first
+# (it must happen before any thread starts: trim_async's executor would refuse it), so
+# trim(pools=True), reclaim() and estimate() reach their success paths.
+try:
+    from memreclaim import _pools
+except ImportError:
+    _pools = None  # type: ignore[assignment]
+if _pools is not None:
+    TARGETS.update(
+        {
+            "_pools.status": (_pools.status, shaped("none"), _is(dict)),
+            "_pools.estimate": (_pools.estimate, shaped("none"), _is(_pools.ReclaimResult)),
+            "_pools.enable": (_pools.enable, shaped("none"), _is(type(None))),
+            "_pools.reclaim": (
+                _pools.reclaim,
+                shaped("kw", "budget_arenas"),
+                _is(_pools.ReclaimResult),
+            ),
+        }
+    )
+POOL_ERRORS: tuple[type[Exception], ...] = (
+    (_pools.PoolReclaimUnavailable,) if _pools is not None else ()
+)
+
 # Ordinary exceptions a bad argument may raise. SystemError is never acceptable.
-ALLOWED = (
+ALLOWED: tuple[type[Exception], ...] = (
     TypeError,
     ValueError,
     OverflowError,
     memreclaim.UnsupportedAllocatorError,
-    ImportError,  # trim(pools=True) before memreclaim._pools exists
-    AttributeError,  # PyCapsule_Import of a missing submodule
+    *POOL_ERRORS,  # trim(pools=True) or reclaim() before enable()
+    ImportError,  # trim(pools=True) where memreclaim._pools is not built
+    AttributeError,  # (PyCapsule_Import of a missing submodule)
 )
 
 
@@ -233,6 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crash-canary", action="store_true", help="add a target that segfaults")
     args = parser.parse_args(argv)
     faulthandler.enable()
+    pools_enabled = None
+    if _pools is not None:
+        try:
+            _pools.enable()
+            pools_enabled = True
+        except _pools.PoolReclaimUnavailable as exc:
+            pools_enabled = False
+            print(f"pool reclaim not enabled: {exc}", file=sys.stderr)
     if args.crash_canary:
         TARGETS["crash canary"] = (_crash_on_int, shaped("one"), _is(type(None)))
     warnings.simplefilter("ignore")
@@ -252,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "calls": sum(outcomes.values()),
         "seconds": round(time.perf_counter() - started, 2),
         "outcomes": dict(sorted(outcomes.items())),
+        "pools_enabled": pools_enabled,
         "failures": len(failures),
     }
     for failure in failures:
