@@ -6,8 +6,8 @@ stress job (docs/hardening.md).
 
 Fault tests: /proc missing or unreadable (under ``unshare -m``, root only), an unknown allocator
 (a malloc shim built here with cc), and a dlsym miss for every optional symbol through the
-MEMRECLAIM_TEST_HIDE_SYMBOLS seam of alloc.c. Fork during a watchdog run and shutdown with a
-running watchdog wait for the watchdog to land.
+MEMRECLAIM_TEST_HIDE_SYMBOLS seam of alloc.c; fork in the middle of trimming, and interpreter exit
+with a trimmer, a watchdog and trimming threads still running.
 """
 
 from __future__ import annotations
@@ -185,6 +185,32 @@ def test_16_callers_4_churners_no_crash_no_deadlock(preload: str, hide: str) -> 
     assert set(summary["calls"]) == expected
     assert all(count > 0 for count in summary["calls"].values()), summary["calls"]
     assert summary["allocations"]["large"] > 0 and summary["allocations"]["small"] > 0
+
+
+# ---- fork and exit while busy ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_fork_in_the_middle_of_trimming_children_work_and_exit() -> None:
+    """30 forks while a BackgroundTrimmer, 4 threads calling trim/stats/rss and 2 churners run:
+    every child reads its own RSS, trims, runs a trimmer of its own and exits 0 (one stuck on an
+    inherited lock would be killed after 20 s and counted as hung)."""
+    proc = run(script("lifecycle.py", "fork", "--forks", "30"), timeout=150)
+    assert proc.returncode == 0, explain(proc)
+    report = last_json(proc)
+    assert report == {**report, "forks": 30, "ok": 30, "failed": 0, "hung": 0}
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(180)
+def test_exit_with_trimmer_watchdog_and_trimming_threads_running_is_clean() -> None:
+    """The interpreter exits while a BackgroundTrimmer, an asyncio Watchdog and daemon threads
+    are inside trim()/stats(): exit 0, nothing on stderr, every time (10 runs)."""
+    for attempt in range(10):
+        proc = run(script("lifecycle.py", "exit"), timeout=60)
+        assert proc.returncode == 0, f"run {attempt}: {explain(proc)}"
+        assert proc.stderr == "", f"run {attempt}: {proc.stderr}"
+        assert last_json(proc)["exiting"] is True
 
 
 # ---- faults: /proc -----------------------------------------------------------------------------

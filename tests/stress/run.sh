@@ -5,7 +5,8 @@
 #   tests/stress/run.sh      # SECONDS_PER_RUN=60 per concurrency run, EXAMPLES=3000 fuzz
 #
 # Steps: concurrency for SECONDS_PER_RUN under glibc, the 'unknown' backend, and each installed
-# preloadable allocator (jemalloc, mimalloc, tcmalloc); discipline with SCALE (default 1:
+# preloadable allocator (jemalloc, mimalloc, tcmalloc); FORKS (default 300) forks mid-trim and
+# 50 exits with everything running (lifecycle.py); discipline with SCALE (default 1:
 # 100,000 calls a case) natively and with the unknown backend; the argument fuzz with EXAMPLES
 # per function. Environment: PYTHON (default .venv/bin/python).
 set -euo pipefail
@@ -39,6 +40,14 @@ for lib in libjemalloc.so.2 libmimalloc.so.2 libtcmalloc_minimal.so.4; do
             env LD_PRELOAD="$LIBDIR/$lib" "$PYTHON" "${conc[@]}"
     fi
 done
+step "fork mid-trim, ${FORKS:-300} forks" 1200 "$PYTHON" tests/stress/lifecycle.py fork --forks "${FORKS:-300}"
+echo "== exit with everything running, 50 times"
+for _ in $(seq 50); do
+    out=$(timeout --signal=KILL 60 "$PYTHON" tests/stress/lifecycle.py exit 2>&1 >/dev/null) ||
+        { echo "exit run failed"; exit 1; }
+    [ -z "$out" ] || { echo "exit run wrote to stderr: $out"; exit 1; }
+done
+echo "   50 clean exits"
 step "discipline glibc" 1200 "$PYTHON" tests/stress/discipline.py --scale "$SCALE"
 step "discipline unknown" 1200 \
     env MEMRECLAIM_TEST_HIDE_SYMBOLS=malloc_trim "$PYTHON" tests/stress/discipline.py --scale "$SCALE"
