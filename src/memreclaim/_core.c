@@ -257,10 +257,12 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
     const mr_backend *backend = state->backend;
     /* The clock is read inside the released region: waiting to get the GIL back afterwards is
      * not the trim's cost. */
-    Py_BEGIN_ALLOW_THREADS started = monotonic_seconds();
+    Py_BEGIN_ALLOW_THREADS
+    started = monotonic_seconds();
     trim_err = backend->trim();
     seconds += monotonic_seconds() - started;
-    Py_END_ALLOW_THREADS after_err = mr_statm_read(&state->statm, &after);
+    Py_END_ALLOW_THREADS
+    after_err = mr_statm_read(&state->statm, &after);
 
     if (trim_err != 0) {
         errno = trim_err;
@@ -338,9 +340,10 @@ static PyObject *build_heap_stats(core_state *state)
     raw.in_use = raw.free = raw.mapped = -1;
     raw.nfigures = 0;
     /* glibc's mallinfo2 walks every free chunk under the arena lock: release the GIL. */
-    Py_BEGIN_ALLOW_THREADS err = backend->heap_stats(&raw);
-    Py_END_ALLOW_THREADS if (err == ENOTSUP)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    err = backend->heap_stats(&raw);
+    Py_END_ALLOW_THREADS
+    if (err == ENOTSUP) {
         PyErr_Format(state->unsupported_error, "the allocator %U offers no statistics interface",
                      state->allocator_name);
         return NULL;
@@ -597,9 +600,10 @@ static PyObject *core_malloc_info(PyObject *module, PyObject *Py_UNUSED(ignored)
     if (state->backend->kind != MR_ALLOC_GLIBC) {
         return raise_unsupported(state, "malloc_info");
     }
-    Py_BEGIN_ALLOW_THREADS err = mr_glibc_malloc_info(&text, &size);
-    Py_END_ALLOW_THREADS if (err == ENOTSUP)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    err = mr_glibc_malloc_info(&text, &size);
+    Py_END_ALLOW_THREADS
+    if (err == ENOTSUP) {
         return raise_missing(state, "malloc_info", "malloc_info");
     }
     if (err != 0) {

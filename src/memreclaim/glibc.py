@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 from . import _core
+from ._core import UnsupportedAllocatorError
 
 __all__ = ["ArenaInfo", "arenas", "set_arena_max"]
 
@@ -78,8 +79,11 @@ def set_arena_max(n: int) -> None:
         OverflowError: ``n`` does not fit in 64 bits.
         UnsupportedAllocatorError: glibc does not serve malloc.
     """
-    _core.set_arena_max(n)  # validates first; raises before any state changes
-    existing = len(arenas())
+    try:
+        existing = len(arenas())  # counted before the change, which must be the last step
+    except UnsupportedAllocatorError:
+        existing = 0  # no malloc_info: set_arena_max below raises too, or cannot be checked
+    _core.set_arena_max(n)  # validates its argument before it changes anything
     if existing > 1:
         warnings.warn(
             f"set_arena_max({n}) is late: glibc already has {existing} arenas, keeps them, and"
