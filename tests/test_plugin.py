@@ -52,6 +52,16 @@ def make(pytester: pytest.Pytester, body: str, name: str = "test_work") -> None:
     pytester.makepyfile(**{name: PRELUDE + textwrap.dedent(body)})
 
 
+ASYNCIO_INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+
+
+@pytest.fixture(autouse=True)
+def _asyncio_ini(request: pytest.FixtureRequest) -> None:
+    """Give each inner pytest run the ini line pytest-asyncio asks for, so it does not warn."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester").makeini(ASYNCIO_INI)
+
+
 @pytest.mark.timeout(180)
 def test_python_leak_fails_with_the_leaking_line(pytester: pytest.Pytester) -> None:
     make(
@@ -322,7 +332,7 @@ def test_junk_command_line_is_a_usage_error(pytester: pytest.Pytester, option: s
 
 
 def test_junk_ini_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    pytester.makeini("[pytest]\nmemreclaim_retained_limit = 12 parsecs\n")
+    pytester.makeini(ASYNCIO_INI + "memreclaim_retained_limit = 12 parsecs\n")
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
