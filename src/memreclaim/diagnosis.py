@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ._core import allocator, heap_stats, stats, trim
+from .pools import PoolReclaimUnavailable, estimate_pool_reclaim, pool_reclaim_status
 from .units import format_bytes, parse_bytes
 
 __all__ = [
@@ -345,6 +346,9 @@ class Report:
     survivors: int | None
     top_sites: tuple[AllocationSite, ...]
     notes: tuple[str, ...]
+    #: Bytes that ``trim(pools=True)`` could give back now from empty pymalloc pools, or None when
+    #: pool reclaim is not enabled (see :func:`memreclaim.enable_pool_reclaim`).
+    pool_reclaimable: int | None = None
 
     def components(self) -> dict[str, int]:
         """The four measured components (missing ones as 0), largest first, noise last."""
@@ -420,10 +424,16 @@ class Report:
                 f"{self.allocator}), pinned pages or fragmentation"
             )
         if self.survivors:
-            return (
+            text = (
                 f"not live and not returned by trim: pymalloc arenas or heap pages pinned by "
                 f"{self.survivors:,} surviving blocks, not a leak"
             )
+            if self.pool_reclaimable:
+                text += (
+                    f"; pool reclaim can return {format_bytes(self.pool_reclaimable)} of it"
+                    " (trim(pools=True))"
+                )
+            return text
         return "not live and not returned by trim: pinned pages or fragmentation, not a leak"
 
     def advice(self) -> list[str]:
@@ -438,6 +448,15 @@ class Report:
             "unreclaimed_retention": "A few long-lived objects allocated during the spike pin "
             "whole arenas/pages: create long-lived objects before the spike, or copy them out.",
         }
+        if self.pool_reclaimable is None and _pymalloc_max():
+            tips["unreclaimed_retention"] += (
+                " On CPython 3.11, memreclaim.enable_pool_reclaim() at start-up lets"
+                " trim(pools=True) give back the empty pymalloc pools in pinned arenas."
+            )
+        elif self.pool_reclaimable:
+            tips["unreclaimed_retention"] += (
+                f" trim(pools=True) gives back {format_bytes(self.pool_reclaimable)} of it now."
+            )
         return [tips[name] for name in self.significant()]
 
     def format(self) -> str:
@@ -635,6 +654,7 @@ def diagnose(
             "tracemalloc's own freed tables; not counted as allocator retention"
         )
 
+    pool_reclaimable = _pool_reclaimable() if unreclaimed >= floor else None
     values = [python_leak or 0, native_leak or 0, released, unreclaimed]
     noise = sum(v for v in values if 0 < v < floor)
     return Report(
@@ -656,7 +676,18 @@ def diagnose(
         survivors=survivors,
         top_sites=sites,
         notes=tuple(notes),
+        pool_reclaimable=pool_reclaimable,
     )
+
+
+def _pool_reclaimable() -> int | None:
+    """Bytes of empty pymalloc pools that trim(pools=True) could return, or None when off."""
+    if not pool_reclaim_status()["enabled"]:
+        return None
+    try:
+        return estimate_pool_reclaim().bytes_released
+    except PoolReclaimUnavailable:
+        return None
 
 
 def _check_repeat(repeat: int, warmup: int) -> None:
