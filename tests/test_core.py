@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
-import sys
 from typing import Any
 
 import pytest
@@ -246,6 +245,3 @@ def test_units() -> None:
     with pytest.raises(TypeError):
         memreclaim.format_bytes("1")  # type: ignore[arg-type]
 
-
-def test_python_version_floor() -> None:
-    assert sys.version_info >= (3, 10)

@@ -510,9 +510,9 @@ static PyObject *core_allocator(PyObject *module, PyObject *Py_UNUSED(ignored))
 PyDoc_STRVAR(allocator_version_doc, "allocator_version() -> str | None\n\n"
                                     "The live allocator's version as it reports it, or None.");
 
-static PyObject *core_allocator_version(PyObject *module, PyObject *Py_UNUSED(ignored))
+static PyObject *core_allocator_version(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
-    const char *version = mr_backend_version(get_state(module)->backend);
+    const char *version = mr_backend_version();
     if (version == NULL) {
         Py_RETURN_NONE;
     }

@@ -350,9 +350,8 @@ const mr_backend *mr_backend_detect(void)
     return detected;
 }
 
-const char *mr_backend_version(const mr_backend *backend)
+const char *mr_backend_version(void)
 {
-    (void)backend;
     return version_text[0] != '\0' ? version_text : NULL;
 }
 

@@ -109,8 +109,8 @@ typedef struct mr_backend {
 /* Resolve the optional symbols (once per process; idempotent and thread-safe) and return the
  * backend serving malloc in this process. Never NULL. */
 const mr_backend *mr_backend_detect(void);
-/* The allocator's version string, or NULL when it does not say. */
-const char *mr_backend_version(const mr_backend *backend);
+/* The detected allocator's version string (read at detection), or NULL when it does not say. */
+const char *mr_backend_version(void);
 
 /* glibc knobs. Return 0, ENOTSUP when the live allocator is not glibc or lacks the call, or
  * EINVAL when glibc refused the value. */
