@@ -96,3 +96,20 @@ def test_workloads_shapes_and_errors() -> None:
         workloads.buffers(1, after_round=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         workloads.keep_every(data, "2")  # type: ignore[arg-type]
+
+
+def test_every_trim_is_accounted_once() -> None:
+    import memreclaim
+    from memreclaim import _accounting
+
+    before = _accounting.totals()
+    result = memreclaim.trim()
+    after = _accounting.totals()
+    assert after.trims == before.trims + 1
+    assert after.released_bytes - before.released_bytes == (result.released or 0)
+    assert after.seconds - before.seconds == pytest.approx(result.seconds)
+    assert sum(after.seconds_buckets) == after.trims
+    _accounting.record(None, 99.0)  # unknown release: unproductive, in the overflow bucket
+    last = _accounting.totals()
+    assert last.unproductive == after.unproductive + 1
+    assert last.seconds_buckets[-1] == after.seconds_buckets[-1] + 1

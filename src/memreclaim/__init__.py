@@ -14,9 +14,9 @@ The policy layer (the watchdogs in :mod:`memreclaim.watchdog`, the diagnosis eng
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
+from . import _accounting, _core
 from ._core import (
     MMAP_THRESHOLD_MAX,
     HeapStats,
@@ -31,7 +31,6 @@ from ._core import (
     rss,
     set_trim_threshold,
     stats,
-    trim,
 )
 from ._version import __version__
 from .glibc import ArenaInfo, arenas, set_arena_max
@@ -121,6 +120,23 @@ __all__ = [
 ]
 
 
+def trim(*, pools: bool = False) -> TrimResult:
+    """Give the memory the allocator holds free back to the operating system.
+
+    Calls the detected allocator's purge (glibc ``malloc_trim(0)``, jemalloc
+    ``arena.<all>.purge``, ``mi_collect(true)``, tcmalloc ``ReleaseFreeMemory``) with the GIL
+    released and returns a :class:`TrimResult`: ``released`` is the drop in anonymous resident
+    bytes, measured from ``/proc/self/statm`` around the call, ``seconds`` the time the call
+    took. With ``pools=True`` the pages of empty pymalloc pools are given back first (see
+    :func:`enable_pool_reclaim`).
+
+    Every call is counted once in the process-wide totals that the metrics report.
+    """
+    result = _core.trim(pools=pools)
+    _accounting.record(result.released, result.seconds)
+    return result
+
+
 async def trim_async(*, pools: bool = False) -> TrimResult:
     """Run :func:`trim` in a worker thread, so the event loop keeps running meanwhile.
 
@@ -131,4 +147,6 @@ async def trim_async(*, pools: bool = False) -> TrimResult:
     The trim runs in the loop's default executor; if the task awaiting it is cancelled, the
     trim itself still completes in that thread (it cannot be interrupted).
     """
+    import asyncio  # not at import time: `import memreclaim` stays light
+
     return await asyncio.to_thread(trim, pools=pools)
