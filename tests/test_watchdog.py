@@ -22,7 +22,6 @@ import pytest
 
 import memreclaim
 from memreclaim import BackgroundTrimmer, Counters, PacingPolicy, TrimEvent, Watchdog
-from memreclaim.watchdog import Decision
 
 MiB = 2**20
 
