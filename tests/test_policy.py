@@ -115,11 +115,25 @@ def test_waits_for_the_burst_to_end_with_requests_in_flight() -> None:
     proc.allocate(30 * MiB)
     proc.release(30 * MiB)
     assert drive(policy, proc, 3.0, in_flight=0) == "trim"
-    # with requests in flight but RSS flat, the burst is over too (light traffic)
+    # with requests in flight but RSS flat for settle_window (1 s), the burst is over too
     proc.allocate(30 * MiB)
     proc.release(30 * MiB)
     assert drive(policy, proc, 3.5, in_flight=1) == "rising"
-    assert drive(policy, proc, 4.0, in_flight=1) == "trim"
+    assert drive(policy, proc, 4.0, in_flight=1) == "rising"  # flat for 0.5 s only
+    assert drive(policy, proc, 4.5, in_flight=1) == "trim"
+
+
+def test_one_stalled_reading_mid_burst_is_not_the_end_of_it() -> None:
+    policy = PacingPolicy(slack="10 MiB", min_interval=0.1)
+    proc = FakeProcess()
+    policy.reset(0.0, proc.rss)
+    decisions = []
+    for tick in range(1, 11):  # 0.1 s ticks; the burst stalls (RSS flat) at every 4th
+        if tick % 4:
+            proc.allocate(20 * MiB)
+            proc.release(15 * MiB)
+        decisions.append(drive(policy, proc, tick * 0.1))
+    assert "trim" not in decisions, decisions
 
 
 def test_settled_skips_the_rising_check() -> None:

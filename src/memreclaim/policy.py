@@ -18,13 +18,15 @@ The model is Go's heap scavenger (reclaim paced to a CPU budget) and the JVM's
   was live at a trim is freed, RSS says nothing. The allocator's free bytes do (glibc's
   ``mallinfo2().fordblks``, via :func:`memreclaim.heap_stats`): a rise of more than ``slack``
   since the last trim triggers one. The runners read it only while the level is more than
-  ``slack`` over the floor (something is pinned), at most once per ``min_interval``: it walks
+  ``slack`` over the floor (something is pinned), at most once a second: it walks
   the free lists (about 3 ms on a fragmented 500 MiB heap). tracemalloc's traced bytes, when
   tracing, serve the same way. (jemalloc, mimalloc and tcmalloc decay freed memory on their
   own; glibc, the one that needs trims, has the free-bytes signal.)
-- **Burst over.** No trim while RSS is still rising (more than ``settle`` since the previous
-  reading), unless the caller knows no request is in flight (``in_flight=0``: the burst just
-  ended, the best moment) or the unit of work that allocated is over (``settled=True``).
+- **Burst over.** No trim while RSS is still rising (more than ``settle`` over the readings of
+  the last ``settle_window`` seconds, and at least the previous one: one stalled reading in the
+  middle of a burst does not look like its end), unless the caller knows no request is in
+  flight (``in_flight=0``: the burst just ended, the best moment) or the unit of work that
+  allocated is over (``settled=True``).
 - **Cost, not timers.** A trim that yields little is information (it taught the level), not a
   reason to wait: the back-off starts only at the second unproductive trim in a row (then it
   doubles from ``min_interval`` up to ``backoff_max``). Trims are paced to a CPU budget: the
@@ -44,6 +46,7 @@ Defaults: ``slack=None`` derives the trigger from the learned level, ``max(8 MiB
 
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Literal
 
@@ -78,8 +81,9 @@ class PacingPolicy:
         release_fraction: ... or less than this fraction of the growth that triggered it.
         cpu_budget: fraction of wall time trims may take, over ``budget_window`` (0-1].
         budget_window: seconds of budget that may be spent at once (the credit cap).
-        settle: no trim while RSS grew more than this (bytes) since the previous reading,
-            unless no request is in flight; None means a quarter of the slack.
+        settle: no trim while RSS grew more than this (bytes) over the last ``settle_window``
+            seconds of readings, unless no request is in flight; None: a quarter of the slack.
+        settle_window: seconds of readings the rising check looks back over (> 0).
         limit: a soft memory limit (bytes or string), or None (off).
         limit_fraction: fraction of ``limit`` at which trims ignore back-off and budget.
         use_traced: when tracemalloc is tracing, growth it explains (live objects) does not
@@ -100,6 +104,7 @@ class PacingPolicy:
         cpu_budget: float = 0.01,
         budget_window: float = 60.0,
         settle: int | str | None = None,
+        settle_window: float = 1.0,
         limit: int | str | None = None,
         limit_fraction: float = 0.9,
         use_traced: bool = True,
@@ -116,6 +121,8 @@ class PacingPolicy:
         self._cpu_budget = _validate.fraction("cpu_budget", cpu_budget, allow_zero=False)
         self._budget_window = _validate.seconds("budget_window", budget_window)
         self._settle = None if settle is None else _validate.size("settle", settle, allow_zero=True)
+        self._settle_window = _validate.seconds("settle_window", settle_window)
+        # "auto" (the cgroup's limit) is one resolver call away: resolve it before this line.
         self._limit = None if limit is None else _validate.size("limit", limit)
         self._limit_fraction = _validate.fraction(
             "limit_fraction", limit_fraction, allow_zero=False
@@ -126,6 +133,7 @@ class PacingPolicy:
         self._traced_level: int | None = None
         self._free_mark: int | None = None
         self._previous: int | None = None
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._last_trim: float | None = None
         self._last_free_read: float | None = None
         self._unproductive_run = 0
@@ -224,6 +232,8 @@ class PacingPolicy:
         """Start over at ``now``: floor and level are ``rss``, no trim recorded, full credit."""
         _validate.integer("rss", rss)
         self._floor = self._level = self._previous = rss
+        self._recent.clear()
+        self._recent.append((now, rss))
         self._traced_level = traced
         self._free_mark = None
         self._last_trim = None
@@ -256,7 +266,7 @@ class PacingPolicy:
         if level - floor <= self.slack:
             return False
         last = self._last_free_read
-        return last is None or now - last >= self._min_interval
+        return last is None or now - last >= min(self._min_interval, 1.0)
 
     def decide(
         self,
@@ -292,7 +302,12 @@ class PacingPolicy:
         if rss < level:  # memory went back by itself: the level follows it down
             self._level = level = rss
             self._traced_level = traced
-        previous, self._previous = self._previous, rss
+        self._previous = rss
+        recent = self._recent
+        while len(recent) > 1 and recent[0][0] < now - self._settle_window:
+            recent.popleft()  # keeps at least the previous reading
+        lowest = min((value for _, value in recent), default=rss)
+        recent.append((now, rss))
         if free is not None:
             self._last_free_read = now
             if self._free_mark is None or free < self._free_mark:
@@ -315,7 +330,7 @@ class PacingPolicy:
         reason = self._trigger(rss, traced, free, slack)
         if reason is None:
             return "below-slack"
-        rising = previous is not None and rss - previous > self.settle
+        rising = rss - lowest > self.settle
         if rising and not settled and in_flight != 0:
             return "rising"
         if self._last_trim is not None and now < self._last_trim + self.wait:
@@ -379,6 +394,8 @@ class PacingPolicy:
         self._credit_at = now
         self._last_trim = now
         self._level = self._previous = rss_after
+        self._recent.clear()
+        self._recent.append((now, rss_after))
         if self._floor is not None and rss_after < self._floor:
             self._floor = rss_after
         self._traced_level = traced
