@@ -210,20 +210,21 @@ def test_backoff_starts_at_the_second_unproductive_trim_and_is_capped() -> None:
 
 
 def test_cpu_budget_paces_expensive_trims_not_cheap_ones() -> None:
-    policy = PacingPolicy(slack="10 MiB", min_interval=0.1, cpu_budget=0.01, budget_window=60)
+    policy = PacingPolicy(slack="10 MiB", min_interval=0.1)  # 1 % over 300 s: 3 s of credit
     proc = FakeProcess()
     policy.reset(0.0, proc.rss)
-    assert policy.credit(0.0) == pytest.approx(0.6)
-    # one trim of 2 s (a loaded machine, a huge heap): 1.4 s in debt, 140 s to pay back
+    assert policy.credit(0.0) == pytest.approx(3.0)
+    # one trim of 5 s (a loaded machine, a huge heap): 2 s in debt, 200 s to pay back
     proc.allocate(50 * MiB)
     proc.release(50 * MiB)
     assert policy.decide(1.0, proc.rss, settled=True) == "trim"
-    policy.record_trim(1.0, growth=50 * MiB, released=proc.trim(), rss_after=proc.rss, seconds=2.0)
+    policy.record_trim(1.0, growth=50 * MiB, released=proc.trim(), rss_after=proc.rss, seconds=5.0)
     proc.allocate(50 * MiB)
     proc.release(50 * MiB)
     assert policy.decide(2.0, proc.rss, settled=True) == "budget"
     assert policy.decide(100.0, proc.rss, settled=True) == "budget"
-    assert policy.decide(142.0, proc.rss, settled=True) == "trim"
+    assert policy.decide(150.0, proc.rss, settled=True) == "budget"
+    assert policy.decide(202.0, proc.rss, settled=True) == "trim"
     # cheap trims (10 ms) every 0.1 s are allowed for as long as the credit lasts
     cheap = PacingPolicy(slack="10 MiB", min_interval=0.1)
     cheap.reset(0.0, proc.rss)

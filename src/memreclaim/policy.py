@@ -31,7 +31,8 @@ The model is Go's heap scavenger (reclaim paced to a CPU budget) and the JVM's
   reason to wait: the back-off starts only at the second unproductive trim in a row (then it
   doubles from ``min_interval`` up to ``backoff_max``). Trims are paced to a CPU budget: the
   time spent trimming may not exceed ``cpu_budget`` of wall time, with a credit of
-  ``cpu_budget * budget_window`` seconds (a 1 % budget over 60 s allows a 0.6 s burst of trims).
+  ``cpu_budget * budget_window`` seconds (a 1 % budget over 300 s allows 3 s of trims at once:
+  a dozen trims of a loaded machine).
   An expensive trim thus pushes the next one back by its measured cost, a cheap one does not.
 - **Soft limit.** With ``limit=`` (bytes), when RSS reaches ``limit_fraction`` (90 %) of it, the
   policy trims at every ``min_interval`` whatever the back-off, the budget and the rising check
@@ -102,7 +103,7 @@ class PacingPolicy:
         min_release: int | str = "1 MiB",
         release_fraction: float = 0.25,
         cpu_budget: float = 0.01,
-        budget_window: float = 60.0,
+        budget_window: float = 300.0,
         settle: int | str | None = None,
         settle_window: float = 1.0,
         limit: int | str | None = None,

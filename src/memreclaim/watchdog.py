@@ -71,6 +71,10 @@ MAX_INTERVAL = 3600.0
 # glibc trim threshold set for threaded servers (see the module docstring).
 THREAD_TRIM_THRESHOLD = 128 * 1024
 
+# A free of a chunk this big (>= glibc's FASTBIN_CONSOLIDATION_THRESHOLD, 64 KiB, and under
+# any mmap threshold, >= 128 KiB) in a thread's arena makes glibc trim that arena's top.
+_NUDGE_BYTES = 96 * 1024
+
 # One lock for every runner of the process: two trims at once would walk the same arenas twice.
 _TRIM_LOCK = threading.Lock()
 _thresholds_set = False
@@ -410,6 +414,23 @@ class _Runner:
         if found is not None:
             count, mapped = found
             _fix_thread_thresholds(f"{count} thread arenas map {format_bytes(mapped)} after a trim")
+
+    def _nudge_arena(self) -> None:
+        """In a hook (the worker thread): let glibc shrink this thread's arena top.
+
+        ``malloc_trim`` cannot shrink a thread arena's top; a free of a chunk of 64 KiB or
+        more in that arena does, once the trim threshold is fixed. Done only while the
+        thresholds are fixed and the level is more than ``slack`` over the floor, so it stops
+        once the tops are back.
+        """
+        if not _thresholds_set:
+            return
+        with self._lock:
+            floor, level = self._policy.floor, self._policy.level
+            slack = self._policy.slack
+        if floor is not None and level is not None and level - floor > slack:
+            block = bytearray(_NUDGE_BYTES)
+            del block
 
     def _trim_failed(self) -> None:
         self._count(trim_errors=1)
@@ -842,7 +863,9 @@ class BackgroundTrimmer(_Runner):
         if self._policy.floor is None:
             self._reset_policy()
             return None
-        return self._tick(lag=0.0, settled=settled, gate="hook")
+        event = self._tick(lag=0.0, settled=settled, gate="hook")
+        self._nudge_arena()
+        return event
 
     def __enter__(self) -> BackgroundTrimmer:
         self.start()
