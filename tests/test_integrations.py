@@ -236,7 +236,11 @@ def test_gunicorn_worker_gives_the_spike_back(tmp_path: Path, mode: str) -> None
     conf = None
     if mode != "no-hooks":
         thread = mode == "post_fork-thread"
-        post_request = "" if thread else "post_request = _memreclaim.post_request"
+        post_request = (
+            ""
+            if thread
+            else "pre_request = _memreclaim.pre_request\npost_request = _memreclaim.post_request"
+        )
         (tmp_path / "conf_memreclaim.py").write_text(
             GUNICORN_CONF.format(thread=thread, post_request=post_request)
         )
@@ -253,22 +257,35 @@ def test_gunicorn_worker_gives_the_spike_back(tmp_path: Path, mode: str) -> None
         assert back is None, watched
         assert min(watched["trail"]) > watched["base"] + 0.75 * spike_size
     else:
-        assert back is not None and back <= 5, watched  # back within a few intervals
+        # back within a few intervals: one reading sees RSS still rising, then the trim itself
+        # takes several 0.1 s samples on a loaded machine
+        assert back is not None and back <= 10, watched
 
 
 @glibc_only
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("app_module", ["starlette", "raw"])
+@pytest.mark.parametrize("app_module", ["starlette", "raw", "raw-no-lifespan"])
 def test_uvicorn_app_gives_the_spike_back(tmp_path: Path, app_module: str) -> None:
     pytest.importorskip("uvicorn")
     if app_module == "starlette":
         pytest.importorskip("starlette")
     source = STARLETTE_APP if app_module == "starlette" else RAW_ASGI_APP
+    lifespan = "on"
+    if app_module == "raw-no-lifespan":
+        # an app that fails the lifespan scope under uvicorn's default --lifespan auto: no
+        # startup ever arrives, the middleware starts its watchdog at the first request
+        source = source.replace(
+            'if scope["type"] == "lifespan":',
+            'if scope["type"] == "lifespan":\n'
+            '        raise ValueError("no lifespan")\n'
+            "    if False:",
+        )
+        lifespan = "auto"
     (tmp_path / "app_asgi.py").write_text(source)
     port = free_port()
     args = [
         sys.executable, "-m", "uvicorn", "app_asgi:app", "--host", "127.0.0.1",
-        "--port", str(port), "--lifespan", "on", "--log-level", "warning",
+        "--port", str(port), "--lifespan", lifespan, "--log-level", "warning",
     ]  # fmt: skip
     with server(args, tmp_path, port) as proc:
         watched = spike_and_watch(port, ticks=20)
@@ -285,7 +302,9 @@ def test_uvicorn_app_gives_the_spike_back(tmp_path: Path, app_module: str) -> No
     # a clean shutdown: the watchdog stopped with the lifespan (uvicorn re-raises SIGTERM
     # after its graceful shutdown, hence -SIGTERM)
     assert proc.returncode in (0, -signal.SIGTERM), log
-    assert "Task was destroyed" not in log and "Traceback" not in log, log
+    assert "Task was destroyed" not in log, log
+    if app_module != "raw-no-lifespan":  # uvicorn logs the lifespan failure it survives
+        assert "Traceback" not in log, log
 
 
 # ---- ASGI helpers without a server ----------------------------------------------------------
@@ -432,6 +451,7 @@ def test_celery_thread_false_only_checks_after_tasks() -> None:
     trimming = CeleryTrimming(thread=False, slack="8 MiB", min_interval=0.001)
     trimming.on_worker_process_init()
     assert not trimming.trimmer.running
+    trimming.on_task_prerun()
     blob = b"x" * (64 * MiB)
     trimming.on_task_postrun()
     assert trimming.trimmer.counters.trims == 1
@@ -451,6 +471,7 @@ def test_celery_task_postrun_returns_a_task_spike() -> None:
         trimming = install(thread=False, slack="64 MiB", min_interval=0.01)
         signals.worker_process_init.send(sender=None)
         base = memreclaim.rss()
+        signals.task_prerun.send(sender=None, task_id="t", task=None, args=(), kwargs={})
         spike()                                            # "the task"
         retained = memreclaim.rss()
         signals.task_postrun.send(sender=None, task_id="t", task=None, args=(), kwargs={})

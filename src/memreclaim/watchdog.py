@@ -1,36 +1,26 @@
-"""Background reclaim: an asyncio :class:`Watchdog` and a thread :class:`BackgroundTrimmer`.
+"""Background reclaim runners: an asyncio :class:`Watchdog`, a thread :class:`BackgroundTrimmer`,
+and hook calls (:meth:`BackgroundTrimmer.tick`) for the end of a request or task.
 
-Both run the same pacing policy (:class:`PacingPolicy`), which decides *when* a trim is worth it:
+The runners are thin: they read the signals (RSS from ``/proc/self/statm``, tracemalloc's traced
+bytes when tracing, the allocator's free bytes when the policy asks, the number of requests in
+flight that integrations report with :meth:`request_started` / :meth:`request_finished`), ask
+their :class:`~memreclaim.policy.PacingPolicy` whether to trim, trim with
+:func:`memreclaim.trim` (which counts every trim once in the process-wide totals), and report
+the outcome back. Everything about *when* lives in :mod:`memreclaim.policy`.
 
-- the tick is cheap: one :func:`memreclaim.rss` read (a ``pread`` of ``/proc/self/statm``), never
-  a heap walk;
-- trigger: RSS grew more than ``slack`` bytes over the *floor*, the lowest RSS seen since start
-  (a trim that ends lower lowers it; the floor never moves up). When tracemalloc is tracing,
-  growth that tracemalloc explains (live Python objects) is subtracted, so a growing live heap
-  does not count. The floor never moves up because RSS does not fall when memory is freed:
-  memory that was live (or not yet freed) at one trim and is freed later would otherwise be
-  invisible for good;
-- back-off: a trim that returns less than ``max(min_release, release_fraction * growth)`` is
-  *unproductive* (the memory is live, or not free yet): the wait before the next trim doubles
-  (from ``2 * min_interval`` up to ``backoff_max``), so a process whose memory stays live is
-  trimmed at ``min_interval`` x 0, 2, 6, 14, 30... and then once per ``backoff_max`` (a cheap
-  trim: nothing is free). A productive trim resets the wait to ``min_interval``;
-- settling: no trim while RSS is still rising fast (more than ``settle`` bytes since the previous
-  tick, a quarter of the slack by default): a trim in the middle of a spike returns nothing,
-  stalls the allocating code on the arena lock, and would start a back-off that delays the trim
-  that matters, right after the spike;
-- a minimum interval between two trims, whatever the trigger says.
-
-The :class:`Watchdog` adds idle gating: when the policy says "trim", it samples the event loop
-(lateness of short sleeps, and asyncio's ready queue) and trims, in a thread, at the start of a
-quiet gap (``quiet`` seconds of quiet right after busy samples) or after ``long_quiet`` seconds
-of quiet, or anyway once ``idle_deadline`` seconds have passed. This matters because
-glibc holds an arena's lock for the whole trim: a loop that mallocs objects over ~1 KiB during
-the trim blocks in malloc, holding the GIL, for the rest of it.
+- All runners of a process share one trim lock: a runner whose turn comes while another is
+  trimming skips (that trim is already giving the memory back) instead of trimming twice.
+- The floor is taken at ``start()`` / ``__aenter__`` (a spike made right after start, before
+  the first tick, is measured as growth and given back).
+- Threaded servers (``thresholds=None``, the default): glibc's ``malloc_trim`` does not shrink
+  the tops of non-main thread arenas; when a trim leaves more than ``slack`` in two or more
+  thread arenas, the runner fixes glibc's trim threshold (``set_trim_threshold(128 KiB)``,
+  which also stops the adaptive thresholds) so that frees in those threads give their tops
+  back, and logs it once. ``thresholds=True`` does it at start, ``False`` never.
 
 Every trim is logged on the ``memreclaim`` logger (INFO: bytes, milliseconds, reason) and passed
-to an optional callback; :attr:`Watchdog.counters` / :attr:`BackgroundTrimmer.counters` return
-cumulative :class:`Counters` at any time.
+to an optional callback; :attr:`counters` returns this runner's cumulative :class:`Counters`
+(per runner; :func:`memreclaim._accounting.totals` has the process-wide totals).
 """
 
 from __future__ import annotations
@@ -40,7 +30,6 @@ import atexit
 import collections.abc
 import contextlib
 import logging
-import math
 import os
 import threading
 import time
@@ -51,8 +40,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
-from ._core import TrimResult, rss, trim
-from .units import format_bytes, parse_bytes
+import memreclaim
+
+from . import _validate
+from ._core import TrimResult, UnsupportedAllocatorError, heap_stats, rss
+from .policy import Decision, PacingPolicy
+from .units import format_bytes
 
 __all__ = [
     "BackgroundTrimmer",
@@ -65,57 +58,26 @@ __all__ = [
 
 logger = logging.getLogger("memreclaim")
 
-Decision = Literal["below-slack", "rising", "min-interval", "backoff", "trim"]
-"""What :meth:`PacingPolicy.decide` answers."""
-
-Gate = Literal["idle", "deadline", "ungated", "thread"]
+Gate = Literal["idle", "deadline", "ungated", "thread", "hook"]
 
 # An idle loop has at most one other callback queued when the watchdog wakes (a timer of
 # another task that fell due at the same moment); two or more means work is in flight.
 _READY_BUSY = 2
 
+# The longest interval a runner accepts: a thread waiting longer than this on an Event fails
+# with OverflowError (threading.TIMEOUT_MAX), and nobody means a trimmer that never ticks.
+MAX_INTERVAL = 3600.0
 
-# ---- argument checks ------------------------------------------------------------------------
+# glibc trim threshold set for threaded servers (see the module docstring).
+THREAD_TRIM_THRESHOLD = 128 * 1024
 
+# A free of a chunk this big (>= glibc's FASTBIN_CONSOLIDATION_THRESHOLD, 64 KiB, and under
+# any mmap threshold, >= 128 KiB) in a thread's arena makes glibc trim that arena's top.
+_NUDGE_BYTES = 96 * 1024
 
-def _seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(
-            f"{name} must be a number of seconds (int or float), not {type(value).__name__}"
-        )
-    seconds = float(value)
-    if not math.isfinite(seconds):
-        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
-    return seconds
-
-
-def _size(name: str, value: object, *, allow_zero: bool) -> int:
-    try:
-        nbytes = parse_bytes(value)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise TypeError(f"{name}: {exc}") from None
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-    if nbytes == 0 and not allow_zero:
-        raise ValueError(f"{name} must be > 0 bytes, got {value!r}")
-    return nbytes
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
-    return value
-
-
-def _callback(name: str, value: object) -> Callable[[TrimEvent], object] | None:
-    if value is not None and not callable(value):
-        raise TypeError(
-            f"{name} must be a callable taking a TrimEvent, or None, not {type(value).__name__}"
-        )
-    return value
+# One lock for every runner of the process: two trims at once would walk the same arenas twice.
+_TRIM_LOCK = threading.Lock()
+_thresholds_set = False
 
 
 def _traced() -> int | None:
@@ -124,188 +86,48 @@ def _traced() -> int | None:
     return None
 
 
-# ---- the policy -----------------------------------------------------------------------------
+_free_unsupported = False
 
 
-class PacingPolicy:
-    """Pure decision logic shared by :class:`Watchdog` and :class:`BackgroundTrimmer`.
+def _free_bytes() -> int | None:
+    """The allocator's free bytes (glibc mallinfo2), or None when it does not say."""
+    global _free_unsupported
+    if _free_unsupported:
+        return None
+    try:
+        return heap_stats().free
+    except (UnsupportedAllocatorError, OSError):
+        _free_unsupported = True
+        return None
 
-    It does no I/O and reads no clock: callers pass ``now`` (any monotonic seconds) and the RSS
-    they read, which makes it cheap and testable. Not thread-safe by itself; the runners lock it.
 
-    Args:
-        slack: growth over the floor, in bytes or a string like ``"64 MiB"``, that triggers a trim.
-        min_interval: seconds that must pass between two trims (> 0).
-        backoff_max: cap, in seconds, of the wait after unproductive trims (>= min_interval).
-        min_release: a trim releasing less than this (bytes or string) is unproductive.
-        release_fraction: a trim releasing less than this fraction of the growth that triggered
-            it is unproductive (0 to 1).
-        use_traced: when tracemalloc is tracing, subtract traced growth from RSS growth.
-        settle: do not trim while RSS grew more than this (bytes or string) since the previous
-            check; None means ``slack // 4``.
+def _fix_thread_thresholds(reason: str) -> bool:
+    """Fix glibc's trim threshold once per process (threaded servers); log it once."""
+    global _thresholds_set
+    if _thresholds_set or memreclaim.allocator() != "glibc":
+        return False
+    _thresholds_set = True
+    memreclaim.set_trim_threshold(THREAD_TRIM_THRESHOLD)
+    logger.info(
+        "memreclaim: set glibc's trim threshold to %s (%s): malloc_trim cannot shrink the tops"
+        " of thread arenas, frees in those threads now do",
+        format_bytes(THREAD_TRIM_THRESHOLD),
+        reason,
+    )
+    return True
 
-    Raises:
-        TypeError, ValueError: for a wrong type or an out-of-range value, naming the argument.
-    """
 
-    def __init__(
-        self,
-        *,
-        slack: int | str = "64 MiB",
-        min_interval: float = 10.0,
-        backoff_max: float = 300.0,
-        min_release: int | str = "1 MiB",
-        release_fraction: float = 0.25,
-        use_traced: bool = True,
-        settle: int | str | None = None,
-    ) -> None:
-        self._slack = _size("slack", slack, allow_zero=False)
-        self._min_interval = _seconds("min_interval", min_interval)
-        self._backoff_max = _seconds("backoff_max", backoff_max)
-        if self._backoff_max < self._min_interval:
-            raise ValueError(
-                f"backoff_max ({backoff_max!r} s) must be >= min_interval ({min_interval!r} s)"
-            )
-        self._min_release = _size("min_release", min_release, allow_zero=True)
-        if isinstance(release_fraction, bool) or not isinstance(release_fraction, int | float):
-            raise TypeError(
-                f"release_fraction must be a number, not {type(release_fraction).__name__}"
-            )
-        if not 0.0 <= float(release_fraction) <= 1.0:
-            raise ValueError(f"release_fraction must be between 0 and 1, got {release_fraction!r}")
-        self._release_fraction = float(release_fraction)
-        self._use_traced = _flag("use_traced", use_traced)
-        self._settle = (
-            self._slack // 4 if settle is None else _size("settle", settle, allow_zero=True)
-        )
-        self._previous: int | None = None
-        self._floor: int | None = None
-        self._traced_floor: int | None = None
-        self._last_trim: float | None = None
-        self._wait = self._min_interval
+def _arenas_retaining(slack: int) -> tuple[int, int] | None:
+    """(thread arenas, bytes they map) when two or more thread arenas map more than slack."""
+    if memreclaim.allocator() != "glibc":
+        return None
+    from .glibc import arenas
 
-    # read-only configuration
-    @property
-    def slack(self) -> int:
-        """Bytes of growth over the floor that trigger a trim."""
-        return self._slack
-
-    @property
-    def min_interval(self) -> float:
-        """Minimum seconds between two trims."""
-        return self._min_interval
-
-    @property
-    def backoff_max(self) -> float:
-        """Longest wait, in seconds, after a run of unproductive trims."""
-        return self._backoff_max
-
-    @property
-    def min_release(self) -> int:
-        """A trim releasing fewer bytes than this is unproductive."""
-        return self._min_release
-
-    @property
-    def release_fraction(self) -> float:
-        """A trim releasing less than this fraction of the growth is unproductive."""
-        return self._release_fraction
-
-    @property
-    def use_traced(self) -> bool:
-        """Whether growth explained by tracemalloc is subtracted from RSS growth."""
-        return self._use_traced
-
-    @property
-    def settle(self) -> int:
-        """No trim while RSS grew more than this many bytes since the previous check."""
-        return self._settle
-
-    # state
-    @property
-    def floor(self) -> int | None:
-        """The lowest RSS seen since the last trim (or since :meth:`reset`); None before reset."""
-        return self._floor
-
-    @property
-    def wait(self) -> float:
-        """Seconds that must pass after the last trim before the next one (back-off included)."""
-        return self._wait
-
-    @property
-    def last_trim(self) -> float | None:
-        """The ``now`` of the last recorded trim, or None."""
-        return self._last_trim
-
-    def reset(self, rss: int, traced: int | None = None) -> None:
-        """Start over: the floor is ``rss``, no trim recorded, no back-off."""
-        self._floor = rss
-        self._traced_floor = traced
-        self._previous = rss
-        self._last_trim = None
-        self._wait = self._min_interval
-
-    def growth(self, rss: int, traced: int | None = None) -> int:
-        """RSS growth over the floor, minus traced growth when tracing (may be negative)."""
-        if self._floor is None:
-            raise RuntimeError("PacingPolicy.reset() must be called before growth()/decide()")
-        grown = rss - self._floor
-        if self._use_traced and traced is not None and self._traced_floor is not None:
-            grown -= max(0, traced - self._traced_floor)
-        return grown
-
-    def observe(self, rss: int, traced: int | None = None) -> None:
-        """Lower the floor when RSS falls under it (memory went back by itself)."""
-        if self._floor is None:
-            raise RuntimeError("PacingPolicy.reset() must be called before observe()")
-        if rss < self._floor:
-            self._floor = rss
-            self._traced_floor = traced
-        elif self._traced_floor is None and traced is not None:
-            self._traced_floor = traced
-
-    def decide(
-        self, now: float, rss: int, traced: int | None = None, *, settled: bool = False
-    ) -> Decision:
-        """Observe one RSS reading and say whether to trim now.
-
-        Returns ``"trim"``, ``"below-slack"`` (growth <= slack), ``"rising"`` (RSS grew more
-        than ``settle`` since the previous call: wait for the spike to end), ``"min-interval"``
-        (too soon after the last trim) or ``"backoff"`` (too soon after an unproductive trim).
-        ``settled=True`` skips the rising check: the caller knows the allocating work is over
-        (e.g. a check at the end of a request or task).
-        """
-        self.observe(rss, traced)
-        previous, self._previous = self._previous, rss
-        if self.growth(rss, traced) <= self._slack:
-            return "below-slack"
-        if not settled and previous is not None and rss - previous > self._settle:
-            return "rising"
-        if self._last_trim is not None and now < self._last_trim + self._wait:
-            return "min-interval" if self._wait <= self._min_interval else "backoff"
-        return "trim"
-
-    def record_trim(
-        self, now: float, *, growth: int, released: int, rss_after: int, traced: int | None = None
-    ) -> bool:
-        """Record a trim's outcome; return True when it was productive.
-
-        After a productive trim the wait before the next one is reset to ``min_interval``; after
-        an unproductive one it doubles (so from ``2 * min_interval``), up to ``backoff_max``. The
-        floor is lowered to ``rss_after`` if that is lower, never raised: what a trim left above
-        the floor + slack is tried again after the wait (a productive trim of a spike whose
-        free was still in progress is followed up; live memory meets the back-off).
-        """
-        productive = released >= max(self._min_release, int(self._release_fraction * growth))
-        if productive:
-            self._wait = self._min_interval
-        else:
-            self._wait = min(self._backoff_max, 2 * self._wait)
-        self._last_trim = now
-        self._previous = rss_after
-        if self._floor is None or rss_after < self._floor:
-            self._floor = rss_after
-            self._traced_floor = traced
-        return productive
+    others = [arena for arena in arenas() if arena.nr != 0]
+    mapped = sum(arena.mapped for arena in others)
+    if len(others) >= 2 and mapped > slack:
+        return len(others), mapped
+    return None
 
 
 # ---- reporting ------------------------------------------------------------------------------
@@ -321,11 +143,12 @@ class TrimEvent:
     """Why it fired, e.g. ``"growth 310.2 MiB > slack 64.0 MiB"``."""
     gate: Gate
     """``"idle"`` (loop was quiet), ``"deadline"`` (busy until the deadline), ``"ungated"``
-    (Watchdog with idle gating off) or ``"thread"`` (BackgroundTrimmer)."""
+    (Watchdog with idle gating off), ``"thread"`` (BackgroundTrimmer's thread) or ``"hook"``
+    (:meth:`BackgroundTrimmer.tick` called by a hook)."""
     growth: int
-    """Bytes of growth over the floor that triggered the trim."""
+    """Bytes of growth over the learned level when the trim fired."""
     productive: bool
-    """False when the trim returned too little, which starts or extends the back-off."""
+    """False when the trim returned too little (it taught the policy the pinned level)."""
     deferred: float
     """Seconds the trim waited for the loop to go idle (0 for the thread trimmer)."""
 
@@ -362,6 +185,10 @@ class Counters:
     """Ticks whose trigger fired but the back-off wait had not passed."""
     skipped_rising: int = 0
     """Ticks whose trigger fired while RSS was still rising fast (mid-spike)."""
+    skipped_budget: int = 0
+    """Ticks whose trigger fired but the CPU budget for trims was spent."""
+    skipped_concurrent: int = 0
+    """Trims skipped because another runner of this process was trimming at that moment."""
     skipped_busy: int = 0
     """Idle checks that found the event loop busy and deferred the trim (Watchdog only)."""
     deadline_trims: int = 0
@@ -376,45 +203,57 @@ class Counters:
     lag_max: float = 0.0
     """Largest such lateness seen."""
     floor: int | None = None
-    """The policy's current floor (bytes)."""
+    """The policy's floor: the lowest RSS since start (bytes)."""
+    level: int | None = None
+    """The policy's learned level: RSS right after the last trim, or lower (bytes)."""
     last_rss: int | None = None
     """RSS read at the last tick (bytes)."""
 
 
 class _Runner:
-    """State and reporting shared by Watchdog and BackgroundTrimmer."""
+    """Signals, trimming and reporting shared by Watchdog and BackgroundTrimmer."""
 
     _kind = "runner"
 
     def __init__(
         self,
+        *,
         interval: float,
         policy: PacingPolicy | None,
+        slack: int | str | None,
+        min_interval: float | None,
+        limit: int | str | None,
+        thresholds: bool | None,
         pools: bool,
         on_trim: Callable[[TrimEvent], object] | None,
         name: str,
-        **policy_kwargs: object,
     ) -> None:
-        self._interval = _seconds("interval", interval)
-        given = {key: value for key, value in policy_kwargs.items() if value is not None}
+        self._interval = _validate.seconds("interval", interval, maximum=MAX_INTERVAL)
+        shortcuts = {
+            key: value
+            for key, value in (("slack", slack), ("min_interval", min_interval), ("limit", limit))
+            if value is not None
+        }
         if policy is not None:
-            if not isinstance(policy, PacingPolicy):
-                raise TypeError(f"policy must be a PacingPolicy, not {type(policy).__name__}")
-            if given:
+            self._policy = _validate.instance("policy", policy, PacingPolicy)
+            if shortcuts:
                 raise TypeError(
-                    "pass either policy= or the policy arguments "
-                    f"({', '.join(sorted(given))}), not both"
+                    f"pass either policy= or {', '.join(sorted(shortcuts))}=, not both"
+                    " (set them on the PacingPolicy)"
                 )
-            self._policy = policy
         else:
-            self._policy = PacingPolicy(**given)  # type: ignore[arg-type]
-        self._pools = _flag("pools", pools)
-        self._on_trim = _callback("on_trim", on_trim)
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, not {type(name).__name__}")
+            self._policy = PacingPolicy(**shortcuts)  # type: ignore[arg-type]
+        if thresholds is not None:
+            _validate.flag("thresholds", thresholds)
+        self._thresholds = thresholds
+        self._pools = _validate.flag("pools", pools)
+        self._on_trim = _validate.callback("on_trim", on_trim, takes="a TrimEvent")
+        _validate.instance("name", name, str)
         self._name = name
         self._lock = threading.Lock()
         self._counters = Counters()
+        self._in_flight = 0
+        self._requests_seen = False
 
     @property
     def interval(self) -> float:
@@ -428,9 +267,26 @@ class _Runner:
 
     @property
     def counters(self) -> Counters:
-        """A snapshot of the cumulative counters (safe to read from any thread)."""
+        """A snapshot of this runner's cumulative counters (safe to read from any thread)."""
         with self._lock:
             return self._counters
+
+    @property
+    def in_flight(self) -> int | None:
+        """Requests in flight as reported by :meth:`request_started`; None if never called."""
+        with self._lock:
+            return self._in_flight if self._requests_seen else None
+
+    def request_started(self) -> None:
+        """Tell the runner a request (or task) started: the policy waits for the burst to end."""
+        with self._lock:
+            self._requests_seen = True
+            self._in_flight += 1
+
+    def request_finished(self) -> None:
+        """Tell the runner a request (or task) finished (never goes below zero)."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
 
     def _count(self, **changes: Any) -> None:
         with self._lock:
@@ -441,7 +297,7 @@ class _Runner:
         current = self._counters
         values: dict[str, Any] = {}
         for key, change in changes.items():
-            if key in ("lag_last", "floor", "last_rss"):
+            if key in ("lag_last", "floor", "level", "last_rss"):
                 values[key] = change
             elif key == "lag_max":
                 values[key] = max(current.lag_max, float(change))
@@ -454,12 +310,19 @@ class _Runner:
         current = rss()
         traced = _traced()
         with self._lock:
-            decision = self._policy.decide(now, current, traced, settled=settled)
+            wants_free = self._policy.wants_free(now)
+        free = _free_bytes() if wants_free else None
+        with self._lock:
+            in_flight = self._in_flight if self._requests_seen else None
+            decision = self._policy.decide(
+                now, current, traced=traced, free=free, in_flight=in_flight, settled=settled
+            )
             growth = self._policy.growth(current, traced)
             skipped = {
                 "min-interval": {"skipped_min_interval": 1},
                 "backoff": {"skipped_backoff": 1},
                 "rising": {"skipped_rising": 1},
+                "budget": {"skipped_budget": 1},
             }.get(decision, {})
             self._add(
                 ticks=1,
@@ -467,19 +330,38 @@ class _Runner:
                 lag_max=lag,
                 last_rss=current,
                 floor=self._policy.floor,
+                level=self._policy.level,
                 tick_seconds=time.perf_counter() - started,
                 **skipped,
             )
         return decision, growth
+
+    def _trim(self) -> TrimResult | None:
+        """One trim under the process-wide lock; None when another runner is trimming."""
+        if not _TRIM_LOCK.acquire(blocking=False):
+            self._count(skipped_concurrent=1)
+            return None
+        try:
+            return memreclaim.trim(pools=self._pools)
+        finally:
+            _TRIM_LOCK.release()
 
     def _report(
         self, now: float, result: TrimResult, growth: int, gate: Gate, deferred: float
     ) -> TrimEvent:
         released = result.released or 0
         rss_after = result.rss_after if result.rss_after is not None else rss()
+        free = _free_bytes()
         with self._lock:
+            reason = self._policy.reason
             productive = self._policy.record_trim(
-                now, growth=growth, released=released, rss_after=rss_after, traced=_traced()
+                now,
+                growth=growth,
+                released=released,
+                rss_after=rss_after,
+                seconds=result.seconds,
+                traced=_traced(),
+                free=free,
             )
             self._add(
                 trims=1,
@@ -488,11 +370,13 @@ class _Runner:
                 trim_seconds=result.seconds,
                 deadline_trims=1 if gate == "deadline" else 0,
                 floor=self._policy.floor,
+                level=self._policy.level,
             )
             slack = self._policy.slack
+            left = rss_after - (self._policy.floor or rss_after)
         event = TrimEvent(
             result=result,
-            reason=f"growth {format_bytes(growth)} > slack {format_bytes(slack)}",
+            reason=reason,
             gate=gate,
             growth=growth,
             productive=productive,
@@ -507,8 +391,10 @@ class _Runner:
             event.reason,
             gate,
             f", deferred {deferred * 1000.0:.0f} ms" if deferred else "",
-            "" if productive else "; unproductive, backing off",
+            "" if productive else "; little was free: level learned",
         )
+        if self._thresholds is None and left > slack and threading.active_count() >= 3:
+            self._check_arenas(slack)
         if self._on_trim is not None:
             try:
                 self._on_trim(event)
@@ -517,6 +403,35 @@ class _Runner:
                 logger.exception("%s %s: on_trim callback raised", self._kind, self._name)
         return event
 
+    def _check_arenas(self, slack: int) -> None:
+        if _thresholds_set:
+            return
+        try:
+            found = _arenas_retaining(slack)
+        except Exception:  # malloc_info unreadable: nothing to learn, say it once
+            logger.debug("memreclaim: could not read malloc_info", exc_info=True)
+            return
+        if found is not None:
+            count, mapped = found
+            _fix_thread_thresholds(f"{count} thread arenas map {format_bytes(mapped)} after a trim")
+
+    def _nudge_arena(self) -> None:
+        """In a hook (the worker thread): let glibc shrink this thread's arena top.
+
+        ``malloc_trim`` cannot shrink a thread arena's top; a free of a chunk of 64 KiB or
+        more in that arena does, once the trim threshold is fixed. Done only while the
+        thresholds are fixed and the level is more than ``slack`` over the floor, so it stops
+        once the tops are back.
+        """
+        if not _thresholds_set:
+            return
+        with self._lock:
+            floor, level = self._policy.floor, self._policy.level
+            slack = self._policy.slack
+        if floor is not None and level is not None and level - floor > slack:
+            block = bytearray(_NUDGE_BYTES)
+            del block
+
     def _trim_failed(self) -> None:
         self._count(trim_errors=1)
         logger.exception("%s %s: trim() raised", self._kind, self._name)
@@ -524,12 +439,15 @@ class _Runner:
     def _forget_after_fork(self) -> None:
         """Called in a forked child: drop what belongs to the parent's threads."""
         self._lock = threading.Lock()
+        self._in_flight = 0
 
     def _reset_policy(self) -> None:
+        if self._thresholds:
+            _fix_thread_thresholds("thresholds=True")
         current = rss()
         with self._lock:
-            self._policy.reset(current, _traced())
-            self._add(floor=current, last_rss=current)
+            self._policy.reset(time.monotonic(), current, _traced())
+            self._add(floor=current, level=current, last_rss=current)
 
 
 # ---- fork and shutdown safety ---------------------------------------------------------------
@@ -538,6 +456,8 @@ _instances: weakref.WeakSet[_Runner] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
+    global _TRIM_LOCK
+    _TRIM_LOCK = threading.Lock()
     for instance in list(_instances):
         instance._forget_after_fork()
 
@@ -558,8 +478,8 @@ atexit.register(_at_exit)
 class Watchdog(_Runner):
     """Trim in the background of an asyncio program, paced by a :class:`PacingPolicy`.
 
-    Every ``interval`` seconds it reads RSS (cheap) and measures the loop's lag. When the policy
-    says "trim" and ``idle_gating`` is on, it samples the loop every ``busy_lag / 2`` seconds; a
+    Every ``interval`` seconds it reads RSS (cheap) and asks the policy. When the policy says
+    "trim" and ``idle_gating`` is on, it samples the loop every ``busy_lag / 2`` seconds; a
     sample is busy when it woke more than ``busy_lag`` late or other callbacks were queued. It
     trims, in a dedicated thread, once the loop has been quiet for ``quiet`` seconds right after
     being busy (the start of a gap between bursts), or for ``long_quiet`` seconds (no traffic),
@@ -567,12 +487,11 @@ class Watchdog(_Runner):
     it that mallocs more than ~1 KiB waits for it (see docs/watchdog.md for the bound).
 
     Use it as ``async with Watchdog(...)``, with ``start()`` / ``await stop()``, or as a task:
-    ``asyncio.create_task(watchdog.run())``. Policy arguments (``slack``, ``min_interval``,
-    ``backoff_max``, ``min_release``, ``release_fraction``, ``settle``) build a
-    :class:`PacingPolicy`; or pass a pre-built one as ``policy=`` (one policy per runner: it
-    holds the runner's state). ``on_trim`` is
-    called, on the loop thread, with a :class:`TrimEvent` after every trim; an exception in it
-    is logged and counted.
+    ``asyncio.create_task(watchdog.run())``. Configure the pacing with ``policy=`` (a
+    :class:`PacingPolicy`, one per runner: it holds the runner's state), or with the shortcuts
+    ``slack=``, ``min_interval=`` and ``limit=``, which build one. ``on_trim`` is called, on
+    the loop thread, with a :class:`TrimEvent` after every trim; an exception in it is logged
+    and counted.
 
     Raises:
         TypeError, ValueError: for a wrong type or out-of-range argument, naming it.
@@ -584,59 +503,67 @@ class Watchdog(_Runner):
         self,
         *,
         interval: float = 1.0,
+        policy: PacingPolicy | None = None,
         slack: int | str | None = None,
         min_interval: float | None = None,
-        backoff_max: float | None = None,
-        min_release: int | str | None = None,
-        release_fraction: float | None = None,
-        settle: int | str | None = None,
-        policy: PacingPolicy | None = None,
+        limit: int | str | None = None,
+        thresholds: bool | None = None,
         idle_gating: bool = True,
         busy_lag: float = 0.005,
         quiet: float = 0.05,
         long_quiet: float = 0.5,
-        idle_deadline: float = 30.0,
+        idle_deadline: float = 2.0,
         pools: bool = False,
         on_trim: Callable[[TrimEvent], object] | None = None,
         name: str = "memreclaim-watchdog",
     ) -> None:
         super().__init__(
-            interval,
-            policy,
-            pools,
-            on_trim,
-            name,
+            interval=interval,
+            policy=policy,
             slack=slack,
             min_interval=min_interval,
-            backoff_max=backoff_max,
-            min_release=min_release,
-            release_fraction=release_fraction,
-            settle=settle,
+            limit=limit,
+            thresholds=thresholds,
+            pools=pools,
+            on_trim=on_trim,
+            name=name,
         )
-        self._idle_gating = _flag("idle_gating", idle_gating)
-        self._busy_lag = _seconds("busy_lag", busy_lag)
-        self._quiet = _seconds("quiet", quiet)
-        self._long_quiet = _seconds("long_quiet", long_quiet)
+        self._idle_gating = _validate.flag("idle_gating", idle_gating)
+        self._busy_lag = _validate.seconds("busy_lag", busy_lag, maximum=MAX_INTERVAL)
+        self._quiet = _validate.seconds("quiet", quiet, maximum=MAX_INTERVAL)
+        self._long_quiet = _validate.seconds("long_quiet", long_quiet, maximum=MAX_INTERVAL)
         if self._long_quiet < self._quiet:
             raise ValueError(f"long_quiet ({long_quiet!r} s) must be >= quiet ({quiet!r} s)")
-        self._idle_deadline = _seconds("idle_deadline", idle_deadline, allow_zero=True)
+        self._idle_deadline = _validate.seconds(
+            "idle_deadline", idle_deadline, allow_zero=True, maximum=MAX_INTERVAL
+        )
         self._task: asyncio.Task[None] | None = None
         self._trim_thread: threading.Thread | None = None
+        self._policy_ready = False
         _instances.add(self)
+
+    def _live_task(self) -> asyncio.Task[None] | None:
+        """The task, unless it is done or its loop was closed without stop() (then forgotten)."""
+        task = self._task
+        if task is None:
+            return None
+        if task.done() or task.get_loop().is_closed():
+            self._task = None
+            return None
+        return task
 
     @property
     def running(self) -> bool:
-        """True while the watchdog's task is alive."""
-        task = self._task
-        return task is not None and not task.done()
+        """True while the watchdog's task is alive on an open loop."""
+        return self._live_task() is not None
 
     @property
     def task(self) -> asyncio.Task[None] | None:
         """The task running :meth:`run`, or None."""
-        return self._task
+        return self._live_task()
 
     def start(self) -> asyncio.Task[None]:
-        """Start the watchdog as a task on the running loop and return the task.
+        """Take the floor now and start the watchdog as a task on the running loop.
 
         Raises:
             RuntimeError: when it is already running, or when no event loop is running.
@@ -644,19 +571,28 @@ class Watchdog(_Runner):
         if self.running:
             raise RuntimeError(f"Watchdog {self._name!r} is already running; stop() it first")
         loop = asyncio.get_running_loop()
+        self._reset_policy()  # the floor is the RSS now, before anything else runs
+        self._policy_ready = True
         self._task = loop.create_task(self.run(), name=self._name)
         return self._task
 
     async def stop(self) -> None:
         """Stop the watchdog and wait until its task (and any trim in flight) has finished.
 
-        Safe to call twice, or when it never started.
+        Safe to call twice, when it never started, and after its loop was closed (then there
+        is nothing left to wait for). Called from another loop than the watchdog's, it cancels
+        the task there and does not wait.
         """
-        task = self._task
+        task = self._live_task()
         if task is None:
+            self._task = None
             return
         if task is asyncio.current_task():
             raise RuntimeError("Watchdog.stop() cannot be awaited from the watchdog's own task")
+        if task.get_loop() is not asyncio.get_running_loop():
+            task.get_loop().call_soon_threadsafe(task.cancel)
+            self._task = None
+            return
         task.cancel()
         await asyncio.wait({task})
         if not task.cancelled() and task.exception() is not None:
@@ -677,18 +613,21 @@ class Watchdog(_Runner):
     async def run(self) -> None:
         """Run until cancelled: tick every ``interval`` seconds, trim when the policy says so."""
         current = asyncio.current_task()
-        if self._task is not None and self._task is not current and not self._task.done():
+        live = self._live_task()
+        if live is not None and live is not current:
             raise RuntimeError(f"Watchdog {self._name!r} is already running")
         self._task = current
         loop = asyncio.get_running_loop()
-        self._reset_policy()
+        if not self._policy_ready:
+            self._reset_policy()
+        self._policy_ready = False
         try:
             while True:
                 scheduled = loop.time() + self._interval
                 await asyncio.sleep(self._interval)
                 now = loop.time()
                 try:
-                    decision, growth = self._check(now, max(0.0, now - scheduled))
+                    decision, growth = self._check(time.monotonic(), max(0.0, now - scheduled))
                 except Exception:  # e.g. /proc unreadable: log, keep ticking
                     logger.exception("Watchdog %s: tick failed", self._name)
                     continue
@@ -705,7 +644,8 @@ class Watchdog(_Runner):
                 except Exception:
                     self._trim_failed()
                     continue
-                self._report(loop.time(), result, growth, gate, deferred)
+                if result is not None:
+                    self._report(time.monotonic(), result, growth, gate, deferred)
         finally:
             if self._task is current:
                 self._task = None
@@ -750,9 +690,9 @@ class Watchdog(_Runner):
         queued = len(ready) if isinstance(ready, collections.abc.Sized) else 0
         return lag > self._busy_lag or queued >= _READY_BUSY
 
-    async def _trim_in_thread(self, loop: asyncio.AbstractEventLoop) -> TrimResult:
-        """Run trim() in a dedicated thread (not the default executor, which may be busy)."""
-        future: asyncio.Future[TrimResult] = loop.create_future()
+    async def _trim_in_thread(self, loop: asyncio.AbstractEventLoop) -> TrimResult | None:
+        """Run one trim in a dedicated thread (not the default executor, which may be busy)."""
+        future: asyncio.Future[TrimResult | None] = loop.create_future()
 
         def deliver(result: TrimResult | None, error: BaseException | None) -> None:
             if future.done():
@@ -760,13 +700,13 @@ class Watchdog(_Runner):
             if error is not None:
                 future.set_exception(error)
             else:
-                future.set_result(result)  # type: ignore[arg-type]
+                future.set_result(result)
 
         def work() -> None:
             result: TrimResult | None = None
             error: BaseException | None = None
             try:
-                result = trim(pools=self._pools)
+                result = self._trim()
             except BaseException as exc:
                 error = exc
             # RuntimeError: the loop was closed meanwhile, and nobody waits for the result.
@@ -785,32 +725,37 @@ class Watchdog(_Runner):
                     await asyncio.wait({future})
             raise
         finally:
-            if future.done() and not future.cancelled():
-                future.exception()  # mark retrieved
+            if future.done():
+                if not future.cancelled():
+                    future.exception()  # mark retrieved
+                # the thread has delivered: it is returning; let no thread outlive stop()
+                thread.join(1.0)
             self._trim_thread = None
 
     def _forget_after_fork(self) -> None:
         # The parent's loop and task do not exist in a child; start again there if needed.
+        super()._forget_after_fork()
         self._task = None
         self._trim_thread = None
-        self._lock = threading.Lock()
 
 
 # ---- threads --------------------------------------------------------------------------------
 
 
 class BackgroundTrimmer(_Runner):
-    """Trim in the background of a synchronous program, from a daemon thread.
+    """Trim in the background of a synchronous program, from a daemon thread, and from hooks.
 
     Same :class:`PacingPolicy` as :class:`Watchdog`, minus loop gating: every ``interval``
     seconds the thread reads RSS, and trims when the policy says so (the trim releases the GIL,
     so the other threads keep running; a thread that mallocs > ~1 KiB meanwhile may wait for the
-    arena lock).
+    arena lock). Hooks at the end of a request or task call :meth:`tick` (in the worker thread)
+    and report requests with :meth:`request_started` / :meth:`request_finished`, so that the
+    policy trims when the burst is over, not in the middle of it.
 
     Use ``start()`` / ``stop()`` or ``with BackgroundTrimmer(...):``. Fork-safe: in a forked
     child the trimmer is marked not running (its thread does not exist there) and can be started
     again; in gunicorn, start one per worker in ``post_fork`` (see
-    :mod:`memreclaim.integrations.gunicorn`). ``on_trim`` is called on the trimmer thread.
+    :mod:`memreclaim.integrations.gunicorn`). ``on_trim`` is called on the thread that trimmed.
 
     Raises:
         TypeError, ValueError: for a wrong type or out-of-range argument, naming it.
@@ -822,29 +767,25 @@ class BackgroundTrimmer(_Runner):
         self,
         *,
         interval: float = 1.0,
+        policy: PacingPolicy | None = None,
         slack: int | str | None = None,
         min_interval: float | None = None,
-        backoff_max: float | None = None,
-        min_release: int | str | None = None,
-        release_fraction: float | None = None,
-        settle: int | str | None = None,
-        policy: PacingPolicy | None = None,
+        limit: int | str | None = None,
+        thresholds: bool | None = None,
         pools: bool = False,
         on_trim: Callable[[TrimEvent], object] | None = None,
         name: str = "memreclaim-trimmer",
     ) -> None:
         super().__init__(
-            interval,
-            policy,
-            pools,
-            on_trim,
-            name,
+            interval=interval,
+            policy=policy,
             slack=slack,
             min_interval=min_interval,
-            backoff_max=backoff_max,
-            min_release=min_release,
-            release_fraction=release_fraction,
-            settle=settle,
+            limit=limit,
+            thresholds=thresholds,
+            pools=pools,
+            on_trim=on_trim,
+            name=name,
         )
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
@@ -865,10 +806,11 @@ class BackgroundTrimmer(_Runner):
         return self._thread if self.running else None
 
     def start(self) -> None:
-        """Start the trimmer thread.
+        """Take the floor now and start the trimmer thread.
 
         Raises:
-            RuntimeError: when it is already running.
+            RuntimeError: when it is already running, or when the thread cannot start (then
+                the trimmer stays stopped and ``stop()`` is a no-op).
         """
         with self._control:
             if self.running:
@@ -879,8 +821,12 @@ class BackgroundTrimmer(_Runner):
             thread = threading.Thread(
                 target=self._run, args=(self._stop_event,), name=self._name, daemon=True
             )
+            try:
+                thread.start()
+            except BaseException:
+                self._thread = None
+                raise
             self._thread = thread
-            thread.start()
 
     def stop(self, timeout: float | None = 5.0) -> bool:
         """Stop the thread and wait up to ``timeout`` seconds for it (a trim in flight finishes).
@@ -889,10 +835,10 @@ class BackgroundTrimmer(_Runner):
         the trimmer's own thread (e.g. in on_trim), it only asks the thread to stop.
         """
         if timeout is not None:
-            timeout = _seconds("timeout", timeout, allow_zero=True)
+            timeout = _validate.seconds("timeout", timeout, allow_zero=True)
         with self._control:
             thread = self._thread
-            if thread is None or self._pid != os.getpid():
+            if thread is None or self._pid != os.getpid() or thread.ident is None:
                 self._thread = None
                 return True
             self._stop_event.set()
@@ -904,19 +850,22 @@ class BackgroundTrimmer(_Runner):
             self._thread = None
             return True
 
-    def tick(self, *, settled: bool = True) -> TrimEvent | None:
+    def tick(self, *, settled: bool = False) -> TrimEvent | None:
         """Run one policy check now, in the calling thread; trim if due. Return the trim's event.
 
         Meant for hooks at the end of a unit of work (gunicorn ``post_request``, Celery
-        ``task_postrun``): the work that allocated is over, so by default (``settled=True``) the
-        policy's "still rising" check is skipped. The policy needs a floor: the first call on a
-        trimmer never started sets it and returns None.
+        ``task_postrun``): call :meth:`request_finished` first, so the policy knows whether
+        other requests are still in flight. ``settled=True`` skips the "still rising" check
+        altogether (the caller knows the allocating work is over). The policy needs a floor:
+        the first call on a trimmer never started sets it and returns None.
         """
-        _flag("settled", settled)
+        _validate.flag("settled", settled)
         if self._policy.floor is None:
             self._reset_policy()
             return None
-        return self._tick(lag=0.0, settled=settled)
+        event = self._tick(lag=0.0, settled=settled, gate="hook")
+        self._nudge_arena()
+        return event
 
     def __enter__(self) -> BackgroundTrimmer:
         self.start()
@@ -930,7 +879,7 @@ class BackgroundTrimmer(_Runner):
     ) -> None:
         self.stop()
 
-    def _tick(self, lag: float, settled: bool = False) -> TrimEvent | None:
+    def _tick(self, lag: float, settled: bool = False, gate: Gate = "thread") -> TrimEvent | None:
         # One tick at a time (the thread and hooks calling tick() may race): a tick that waited
         # for another's trim then sees the minimum interval and does not trim again.
         with self._tick_lock:
@@ -938,11 +887,13 @@ class BackgroundTrimmer(_Runner):
             if decision != "trim":
                 return None
             try:
-                result = trim(pools=self._pools)
+                result = self._trim()
             except Exception:
                 self._trim_failed()
                 return None
-            return self._report(time.monotonic(), result, growth, "thread", 0.0)
+            if result is None:
+                return None
+            return self._report(time.monotonic(), result, growth, gate, 0.0)
 
     def _run(self, stop_event: threading.Event) -> None:
         while True:
@@ -956,9 +907,9 @@ class BackgroundTrimmer(_Runner):
 
     def _forget_after_fork(self) -> None:
         # The thread was not copied into the child: mark this trimmer not running there.
+        super()._forget_after_fork()
         self._thread = None
         self._stop_event = threading.Event()
-        self._lock = threading.Lock()
         self._control = threading.Lock()
         self._tick_lock = threading.Lock()
         self._pid = os.getpid()

@@ -75,8 +75,11 @@ class WatchdogMiddleware:
     """ASGI middleware running a :class:`Watchdog` between lifespan startup and shutdown.
 
     Every scope is passed to the wrapped app. For ``lifespan``, the watchdog starts once the
-    app has reported startup complete (or at once, if the app does not speak lifespan) and
-    stops when shutdown is requested.
+    app has reported startup complete and stops when shutdown is requested. When no lifespan
+    ever arrives (``uvicorn --lifespan off``, or ``--lifespan auto`` with an app that fails the
+    lifespan scope), it starts at the first request instead. HTTP and websocket requests are
+    counted in flight (:meth:`Watchdog.request_started`), so the policy trims when a burst is
+    over, not in the middle of it. ``middleware.watchdog.counters`` reports what it did.
 
     Raises:
         TypeError, ValueError: for a non-callable app or bad watchdog arguments.
@@ -90,10 +93,17 @@ class WatchdogMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one ASGI connection (lifespan included)."""
-        if scope.get("type") != "lifespan":
-            await self.app(scope, receive, send)
-            return
         watchdog = self.watchdog
+        if scope.get("type") != "lifespan":
+            if not watchdog.running:  # no lifespan came: start on the first request
+                with contextlib.suppress(RuntimeError):  # another request started it meanwhile
+                    watchdog.start()
+            watchdog.request_started()
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                watchdog.request_finished()
+            return
 
         async def wrapped_receive() -> Message:
             message = await receive()

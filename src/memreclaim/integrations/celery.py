@@ -6,11 +6,12 @@ In the module that creates the Celery app::
 
     install(interval=1.0, slack="64 MiB")
 
-This connects three handlers:
+This connects four handlers:
 
 - ``worker_process_init`` (sent in each prefork pool process after the fork): start the trimmer;
-- ``task_postrun``: one policy check right after each task (one RSS read when nothing is due),
-  so a big task's memory goes back without waiting for the next tick;
+- ``task_prerun`` / ``task_postrun``: count tasks in flight, and one policy check right after
+  each task (one RSS read when nothing is due), so a big task's memory goes back without
+  waiting for the next tick (with the threads pool, once no other task is still allocating);
 - ``worker_process_shutdown``: stop the trimmer.
 
 With the ``solo`` or ``threads`` pool there are no pool processes and ``worker_process_init`` is
@@ -51,8 +52,13 @@ class CeleryTrimming:
         elif not self.trimmer.running:
             self.trimmer.start()
 
+    def on_task_prerun(self, **kwargs: Any) -> None:
+        """``task_prerun`` handler: count the task in flight."""
+        self.trimmer.request_started()
+
     def on_task_postrun(self, **kwargs: Any) -> None:
-        """``task_postrun`` handler: one policy check, trimming if due."""
+        """``task_postrun`` handler: the task is done; one policy check, trimming if due."""
+        self.trimmer.request_finished()
         self.trimmer.tick()
 
     def on_worker_process_shutdown(self, **kwargs: Any) -> None:
@@ -65,6 +71,7 @@ class CeleryTrimming:
 
         pairs: list[tuple[Any, Any]] = [
             (signals.worker_process_init, self.on_worker_process_init),
+            (signals.task_prerun, self.on_task_prerun),
             (signals.task_postrun, self.on_task_postrun),
             (signals.worker_process_shutdown, self.on_worker_process_shutdown),
         ]

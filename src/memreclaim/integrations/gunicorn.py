@@ -7,15 +7,18 @@ In ``gunicorn.conf.py``::
     _memreclaim = make_hooks(interval=1.0, slack="64 MiB")
     post_fork = _memreclaim.post_fork          # start the trimmer in each worker
     worker_exit = _memreclaim.worker_exit      # stop it when the worker exits
-    post_request = _memreclaim.post_request    # optional: check right after each request
+    pre_request = _memreclaim.pre_request      # count requests in flight
+    post_request = _memreclaim.post_request    # check right after each request
 
 The trimmer is built (and its arguments checked) when the config is loaded, in the master; it
 runs only in the workers, started by ``post_fork`` after the fork (a thread does not survive a
 fork, and the trimmer knows it: see :class:`~memreclaim.watchdog.BackgroundTrimmer`).
-``post_request`` runs one policy check in the worker right after the response was written, so a
-big request's memory goes back without waiting for the next tick; it costs one RSS read when
-there is nothing to do, and trims only when the policy says so (slack, minimum interval,
-back-off). With gevent/eventlet workers, threads are green: prefer ``post_request`` alone
+``pre_request`` / ``post_request`` count the requests in flight; ``post_request`` then runs one
+policy check in the worker thread right after the response was written: with no other request
+in flight (sync workers always; gthread when the burst is over) a big request's memory goes back
+at once; with requests still in flight and RSS rising, the policy waits for the burst to end (a
+trim in the middle of a burst would only stall it). It costs one RSS read when there is nothing
+to do. With gevent/eventlet workers, threads are green: prefer ``post_request`` alone
 (``make_hooks(..., thread=False)``).
 """
 
@@ -37,9 +40,11 @@ class GunicornHooks(NamedTuple):
     worker_exit: Callable[[Any, Any], None]
     """``worker_exit(server, worker)``: stops it."""
     post_request: Callable[[Any, Any, Any, Any], None]
-    """``post_request(worker, req, environ, resp)``: one policy check, trimming if due."""
+    """``post_request(worker, req, environ, resp)``: request done; one policy check."""
     trimmer: BackgroundTrimmer
     """The trimmer (read ``trimmer.counters`` in a worker to see what it did)."""
+    pre_request: Callable[[Any, Any], None]
+    """``pre_request(worker, req)``: counts the request in flight."""
 
 
 def make_hooks(*, thread: bool = True, **trimmer_args: Any) -> GunicornHooks:
@@ -69,7 +74,11 @@ def make_hooks(*, thread: bool = True, **trimmer_args: Any) -> GunicornHooks:
     def worker_exit(server: Any, worker: Any) -> None:
         trimmer.stop(timeout=1.0)
 
+    def pre_request(worker: Any, req: Any) -> None:
+        trimmer.request_started()
+
     def post_request(worker: Any, req: Any, environ: Any, resp: Any) -> None:
+        trimmer.request_finished()
         trimmer.tick()
 
-    return GunicornHooks(post_fork, worker_exit, post_request, trimmer)
+    return GunicornHooks(post_fork, worker_exit, post_request, trimmer, pre_request)

@@ -1,0 +1,410 @@
+"""The pacing policy: when is a trim worth it? Pure logic, no threads, no asyncio, no clock.
+
+Every call takes ``now`` (any monotonic seconds) and the signals the caller measured (RSS, and
+when it has them: bytes traced by tracemalloc, the allocator's free bytes, the number of
+requests in flight), so the policy is deterministic and unit-tested with a fake clock and with
+RSS traces recorded from real servers (``tests/test_policy.py``). The runners in
+:mod:`memreclaim.watchdog` read the signals, ask :meth:`PacingPolicy.decide`, trim, and report
+the outcome with :meth:`PacingPolicy.record_trim`.
+
+The model is Go's heap scavenger (reclaim paced to a CPU budget) and the JVM's
+``TrimNativeHeapInterval``, adapted to an allocator that does not say what it could give back:
+
+- **Learned level.** The RSS right after a trim is the level that live data pins (plus the
+  allocator's unavoidable overhead). Growth is measured against it, not against the RSS at
+  start: memory that stays live costs one trim (which learns it), never an endless series.
+  The level follows RSS down when memory goes back by itself.
+- **Later frees are still seen.** RSS does not fall when memory is freed, so once a cache that
+  was live at a trim is freed, RSS says nothing. The allocator's free bytes do (glibc's
+  ``mallinfo2().fordblks``, via :func:`memreclaim.heap_stats`): a rise of more than ``slack``
+  since the last trim triggers one. The runners read it only while the level is more than
+  ``slack`` over the floor (something is pinned), at most once a second: it walks
+  the free lists (about 3 ms on a fragmented 500 MiB heap). tracemalloc's traced bytes, when
+  tracing, serve the same way. (jemalloc, mimalloc and tcmalloc decay freed memory on their
+  own; glibc, the one that needs trims, has the free-bytes signal.)
+- **Burst over.** No trim while RSS is still rising (more than ``settle`` over the readings of
+  the last ``settle_window`` seconds, and at least the previous one: one stalled reading in the
+  middle of a burst does not look like its end), unless the caller knows no request is in
+  flight (``in_flight=0``: the burst just ended, the best moment) or the unit of work that
+  allocated is over (``settled=True``).
+- **Cost, not timers.** A trim that yields little is information (it taught the level), not a
+  reason to wait: the back-off starts only at the second unproductive trim in a row (then it
+  doubles from ``min_interval`` up to ``backoff_max``). Trims are paced to a CPU budget: the
+  time spent trimming may not exceed ``cpu_budget`` of wall time, with a credit of
+  ``cpu_budget * budget_window`` seconds (a 1 % budget over 300 s allows 3 s of trims at once:
+  a dozen trims of a loaded machine).
+  An expensive trim thus pushes the next one back by its measured cost, a cheap one does not.
+- **Soft limit.** With ``limit=`` (bytes), when RSS reaches ``limit_fraction`` (90 %) of it, the
+  policy trims at every ``min_interval`` whatever the back-off, the budget and the rising check
+  say, as long as the learned level is below that mark. When the level itself, live memory,
+  reaches it, trimming cannot help: the policy logs that once, with figures (WARNING on the
+  ``memreclaim`` logger), and goes back to its normal pacing.
+
+Defaults: ``slack=None`` derives the trigger from the learned level, ``max(8 MiB, level / 8)``
+(so a 60 MiB service trims after 8 MiB of growth, a 2 GiB one after 256 MiB); ``min_interval``
+1 s; ``backoff_max`` 30 s; ``cpu_budget`` 1 %.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Literal
+
+from . import _validate
+from .units import format_bytes
+
+__all__ = ["AUTO_SLACK_FRACTION", "AUTO_SLACK_MIN", "Decision", "PacingPolicy"]
+
+logger = logging.getLogger("memreclaim")
+
+Decision = Literal["below-slack", "rising", "min-interval", "backoff", "budget", "trim"]
+"""What :meth:`PacingPolicy.decide` answers."""
+
+AUTO_SLACK_MIN = 8 << 20
+"""With ``slack=None``, the trigger is at least this many bytes of growth."""
+AUTO_SLACK_FRACTION = 0.125
+"""With ``slack=None``, the trigger is this fraction of the learned level (if larger)."""
+
+
+class PacingPolicy:
+    """Decide when to trim, from measured signals and the measured cost of past trims.
+
+    Pure: no I/O, no clock, no thread. Not thread-safe by itself (the runners lock it). One
+    policy per runner: it holds that runner's state.
+
+    Args:
+        slack: growth over the learned level (bytes or a string like ``"64 MiB"``) that
+            triggers a trim; None derives it: ``max(8 MiB, level / 8)``.
+        min_interval: seconds between two trims (> 0).
+        backoff_max: cap, in seconds, of the wait after unproductive trims in a row.
+        min_release: a trim releasing less than this (bytes or string) is unproductive.
+        release_fraction: ... or less than this fraction of the growth that triggered it.
+        cpu_budget: fraction of wall time trims may take, over ``budget_window`` (0-1].
+        budget_window: seconds of budget that may be spent at once (the credit cap).
+        settle: no trim while RSS grew more than this (bytes) over the last ``settle_window``
+            seconds of readings, unless no request is in flight; None: a quarter of the slack.
+        settle_window: seconds of readings the rising check looks back over (> 0).
+        limit: a soft memory limit (bytes or string), or None (off).
+        limit_fraction: fraction of ``limit`` at which trims ignore back-off and budget.
+        use_traced: when tracemalloc is tracing, growth it explains (live objects) does not
+            count, and a fall of traced bytes counts as a free.
+
+    Raises:
+        TypeError, ValueError: for a wrong type or an out-of-range value, naming the argument.
+    """
+
+    def __init__(
+        self,
+        *,
+        slack: int | str | None = None,
+        min_interval: float = 1.0,
+        backoff_max: float = 30.0,
+        min_release: int | str = "1 MiB",
+        release_fraction: float = 0.25,
+        cpu_budget: float = 0.01,
+        budget_window: float = 300.0,
+        settle: int | str | None = None,
+        settle_window: float = 1.0,
+        limit: int | str | None = None,
+        limit_fraction: float = 0.9,
+        use_traced: bool = True,
+    ) -> None:
+        self._slack = None if slack is None else _validate.size("slack", slack)
+        self._min_interval = _validate.seconds("min_interval", min_interval)
+        self._backoff_max = _validate.seconds("backoff_max", backoff_max)
+        if self._backoff_max < self._min_interval:
+            raise ValueError(
+                f"backoff_max ({backoff_max!r} s) must be >= min_interval ({min_interval!r} s)"
+            )
+        self._min_release = _validate.size("min_release", min_release, allow_zero=True)
+        self._release_fraction = _validate.fraction("release_fraction", release_fraction)
+        self._cpu_budget = _validate.fraction("cpu_budget", cpu_budget, allow_zero=False)
+        self._budget_window = _validate.seconds("budget_window", budget_window)
+        self._settle = None if settle is None else _validate.size("settle", settle, allow_zero=True)
+        self._settle_window = _validate.seconds("settle_window", settle_window)
+        # "auto" (the cgroup's limit) is one resolver call away: resolve it before this line.
+        self._limit = None if limit is None else _validate.size("limit", limit)
+        self._limit_fraction = _validate.fraction(
+            "limit_fraction", limit_fraction, allow_zero=False
+        )
+        self._use_traced = _validate.flag("use_traced", use_traced)
+        self._floor: int | None = None
+        self._level: int | None = None
+        self._traced_level: int | None = None
+        self._free_mark: int | None = None
+        self._previous: int | None = None
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._last_trim: float | None = None
+        self._last_free_read: float | None = None
+        self._unproductive_run = 0
+        self._credit = 0.0
+        self._credit_at = 0.0
+        self._reason = ""
+        self._warned_limit = False
+
+    # ---- configuration (read-only) ----------------------------------------------------------
+
+    @property
+    def min_interval(self) -> float:
+        """Minimum seconds between two trims."""
+        return self._min_interval
+
+    @property
+    def backoff_max(self) -> float:
+        """Longest wait, in seconds, after unproductive trims in a row."""
+        return self._backoff_max
+
+    @property
+    def min_release(self) -> int:
+        """A trim releasing fewer bytes than this is unproductive."""
+        return self._min_release
+
+    @property
+    def release_fraction(self) -> float:
+        """A trim releasing less than this fraction of its growth is unproductive."""
+        return self._release_fraction
+
+    @property
+    def cpu_budget(self) -> float:
+        """Fraction of wall time that trims may take."""
+        return self._cpu_budget
+
+    @property
+    def limit(self) -> int | None:
+        """The soft memory limit in bytes, or None."""
+        return self._limit
+
+    @property
+    def use_traced(self) -> bool:
+        """Whether tracemalloc's traced bytes are used when tracing."""
+        return self._use_traced
+
+    # ---- state ------------------------------------------------------------------------------
+
+    @property
+    def slack(self) -> int:
+        """Growth over the level that triggers a trim, in bytes (derived when ``slack=None``)."""
+        if self._slack is not None:
+            return self._slack
+        level = self._level or 0
+        return max(AUTO_SLACK_MIN, int(level * AUTO_SLACK_FRACTION))
+
+    @property
+    def settle(self) -> int:
+        """No trim while RSS rose more than this many bytes since the previous reading."""
+        return self.slack // 4 if self._settle is None else self._settle
+
+    @property
+    def floor(self) -> int | None:
+        """The lowest RSS seen since :meth:`reset` (None before it)."""
+        return self._floor
+
+    @property
+    def level(self) -> int | None:
+        """The learned level: RSS right after the last trim, or lower if RSS fell since."""
+        return self._level
+
+    @property
+    def wait(self) -> float:
+        """Seconds that must pass after the last trim before the next (back-off included)."""
+        if self._unproductive_run < 2:
+            return self._min_interval
+        return min(self._backoff_max, self._min_interval * 2.0 ** (self._unproductive_run - 1))
+
+    @property
+    def last_trim(self) -> float | None:
+        """The ``now`` of the last recorded trim, or None."""
+        return self._last_trim
+
+    @property
+    def reason(self) -> str:
+        """Why the last ``"trim"`` decision fired, e.g. ``"growth 90.0 MiB > slack 8.0 MiB"``."""
+        return self._reason
+
+    def credit(self, now: float) -> float:
+        """Seconds of trim time the CPU budget allows at ``now`` (negative: in debt)."""
+        cap = self._cpu_budget * self._budget_window
+        return min(cap, self._credit + max(0.0, now - self._credit_at) * self._cpu_budget)
+
+    # ---- the calls --------------------------------------------------------------------------
+
+    def reset(self, now: float, rss: int, traced: int | None = None) -> None:
+        """Start over at ``now``: floor and level are ``rss``, no trim recorded, full credit."""
+        _validate.integer("rss", rss)
+        self._floor = self._level = self._previous = rss
+        self._recent.clear()
+        self._recent.append((now, rss))
+        self._traced_level = traced
+        self._free_mark = None
+        self._last_trim = None
+        self._last_free_read = None
+        self._unproductive_run = 0
+        self._credit = self._cpu_budget * self._budget_window
+        self._credit_at = now
+        self._warned_limit = False
+
+    def _require_reset(self) -> tuple[int, int]:
+        if self._floor is None or self._level is None:
+            raise RuntimeError("PacingPolicy.reset() must be called before decide()/record_trim()")
+        return self._floor, self._level
+
+    def growth(self, rss: int, traced: int | None = None) -> int:
+        """RSS growth over the learned level, minus traced growth when tracing (may be < 0)."""
+        _, level = self._require_reset()
+        grown = rss - level
+        if self._use_traced and traced is not None and self._traced_level is not None:
+            grown -= max(0, traced - self._traced_level)
+        return grown
+
+    def wants_free(self, now: float) -> bool:
+        """Whether the caller should pass the allocator's free bytes (``free=``) to this tick.
+
+        True while the level is more than ``slack`` over the floor (memory pinned at the last
+        trim may be freed later, which RSS cannot show), at most once per ``min_interval``.
+        """
+        floor, level = self._require_reset()
+        if level - floor <= self.slack:
+            return False
+        last = self._last_free_read
+        return last is None or now - last >= min(self._min_interval, 1.0)
+
+    def decide(
+        self,
+        now: float,
+        rss: int,
+        *,
+        traced: int | None = None,
+        free: int | None = None,
+        in_flight: int | None = None,
+        settled: bool = False,
+    ) -> Decision:
+        """Take one reading and say whether to trim now.
+
+        Args:
+            now: monotonic seconds.
+            rss: resident bytes now.
+            traced: tracemalloc's traced bytes, or None when not tracing.
+            free: the allocator's free bytes (:attr:`HeapStats.free`), when the caller read
+                them (see :meth:`wants_free`); None otherwise.
+            in_flight: requests being handled now, when the caller knows; None otherwise.
+            settled: the unit of work that allocated is over (a hook after a request or task
+                in a process that handles one at a time): skip the rising check.
+
+        Returns ``"trim"`` (:attr:`reason` says why), ``"below-slack"``, ``"rising"`` (RSS
+        still rising with work in flight: wait for the burst to end), ``"min-interval"``,
+        ``"backoff"`` or ``"budget"`` (the CPU budget is spent).
+        """
+        floor, level = self._require_reset()
+        if in_flight is not None:
+            _validate.integer("in_flight", in_flight)
+        if rss < floor:
+            self._floor = floor = rss
+        if rss < level:  # memory went back by itself: the level follows it down
+            self._level = level = rss
+            self._traced_level = traced
+        self._previous = rss
+        recent = self._recent
+        while len(recent) > 1 and recent[0][0] < now - self._settle_window:
+            recent.popleft()  # keeps at least the previous reading
+        lowest = min((value for _, value in recent), default=rss)
+        recent.append((now, rss))
+        if free is not None:
+            self._last_free_read = now
+            if self._free_mark is None or free < self._free_mark:
+                self._free_mark = free
+        if self._traced_level is None and traced is not None:
+            self._traced_level = traced
+        slack = self.slack
+        limit_mark = None if self._limit is None else int(self._limit * self._limit_fraction)
+        if limit_mark is not None and rss >= limit_mark:
+            if level < limit_mark and rss - level > self._min_release:
+                if self._last_trim is not None and now < self._last_trim + self._min_interval:
+                    return "min-interval"
+                self._reason = (
+                    f"RSS {format_bytes(rss)} >= {self._limit_fraction:.0%} of limit "
+                    f"{format_bytes(self._limit or 0)}"
+                )
+                return "trim"
+            if level >= limit_mark:
+                self._warn_limit(level, limit_mark)
+        reason = self._trigger(rss, traced, free, slack)
+        if reason is None:
+            return "below-slack"
+        rising = rss - lowest > self.settle
+        if rising and not settled and in_flight != 0:
+            return "rising"
+        if self._last_trim is not None and now < self._last_trim + self.wait:
+            return "backoff" if self.wait > self._min_interval else "min-interval"
+        if self.credit(now) < 0:
+            return "budget"
+        self._reason = reason
+        return "trim"
+
+    def _trigger(self, rss: int, traced: int | None, free: int | None, slack: int) -> str | None:
+        grown = self.growth(rss, traced)
+        if grown > slack:
+            return f"growth {format_bytes(grown)} > slack {format_bytes(slack)}"
+        if free is not None and self._free_mark is not None and free - self._free_mark > slack:
+            return f"freed {format_bytes(free - self._free_mark)} since the last trim"
+        if (
+            self._use_traced
+            and traced is not None
+            and self._traced_level is not None
+            and self._traced_level - traced > slack
+        ):
+            return f"traced memory fell {format_bytes(self._traced_level - traced)}"
+        return None
+
+    def _warn_limit(self, level: int, mark: int) -> None:
+        if self._warned_limit:
+            return
+        self._warned_limit = True
+        logger.warning(
+            "memreclaim: live memory is near the limit: after a trim RSS stays at %s, %.0f%% of"
+            " the %s limit (mark %s); trimming cannot bring it lower: the data is live",
+            format_bytes(level),
+            100.0 * level / (self._limit or 1),
+            format_bytes(self._limit or 0),
+            format_bytes(mark),
+        )
+
+    def record_trim(
+        self,
+        now: float,
+        *,
+        growth: int,
+        released: int,
+        rss_after: int,
+        seconds: float = 0.0,
+        traced: int | None = None,
+        free: int | None = None,
+    ) -> bool:
+        """Record a trim's outcome at ``now`` (its end); return True when it was productive.
+
+        The level becomes ``rss_after`` (what live data pins now); ``free`` (the allocator's
+        free bytes right after the trim, when known) is the mark later frees are measured
+        from; ``seconds`` is charged to the CPU budget. Productive: ``released`` is at least
+        ``max(min_release, release_fraction * growth)``.
+        """
+        self._require_reset()
+        seconds = _validate.seconds("seconds", seconds, allow_zero=True)
+        productive = released >= max(self._min_release, int(self._release_fraction * growth))
+        self._unproductive_run = 0 if productive else self._unproductive_run + 1
+        self._credit = self.credit(now) - seconds
+        self._credit_at = now
+        self._last_trim = now
+        self._level = self._previous = rss_after
+        self._recent.clear()
+        self._recent.append((now, rss_after))
+        if self._floor is not None and rss_after < self._floor:
+            self._floor = rss_after
+        self._traced_level = traced
+        self._free_mark = free
+        if free is not None:
+            self._last_free_read = now
+        if self._limit is not None:
+            mark = int(self._limit * self._limit_fraction)
+            if rss_after >= mark:
+                self._warn_limit(rss_after, mark)
+        return productive

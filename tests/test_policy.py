@@ -1,0 +1,349 @@
+"""Tests of memreclaim.policy.PacingPolicy: pure, driven by a fake clock and by a recorded trace.
+
+The policy reads no clock and does no I/O, so every test here feeds it ``now`` and the measured
+signals and checks its decisions. The recorded trace (tests/data/) comes from a real uvicorn
+run of benchmarks/bench_servers.py; replaying it checks the decisions on real RSS readings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memreclaim.policy import AUTO_SLACK_MIN, PacingPolicy
+
+MiB = 2**20
+DATA = Path(__file__).parent / "data"
+
+
+class FakeProcess:
+    """A process model: RSS is live + retained free memory; a trim gives the retained part back.
+
+    ``pinned`` is live memory that survives trims (a cache); ``free`` is the allocator's free
+    bytes as glibc would report them (freed memory, resident or not).
+    """
+
+    def __init__(self, base: int = 60 * MiB) -> None:
+        self.live = base
+        self.retained = 0
+        self.free = 10 * MiB
+
+    @property
+    def rss(self) -> int:
+        return self.live + self.retained
+
+    def allocate(self, n: int) -> None:
+        self.live += n
+
+    def release(self, n: int) -> None:
+        self.live -= n
+        self.retained += n
+        self.free += n
+
+    def trim(self) -> int:
+        released, self.retained = self.retained, 0
+        return released
+
+
+def drive(
+    policy: PacingPolicy,
+    proc: FakeProcess,
+    now: float,
+    *,
+    in_flight: int | None = None,
+    settled: bool = False,
+    trims: list[tuple[float, bool]] | None = None,
+) -> str:
+    """One tick as a runner does it: read, decide, trim, record."""
+    free = proc.free if policy.wants_free(now) else None
+    decision = policy.decide(now, proc.rss, free=free, in_flight=in_flight, settled=settled)
+    if decision == "trim":
+        growth = policy.growth(proc.rss)
+        released = proc.trim()
+        productive = policy.record_trim(
+            now, growth=growth, released=released, rss_after=proc.rss, seconds=0.01, free=proc.free
+        )
+        if trims is not None:
+            trims.append((now, productive))
+    return decision
+
+
+def test_triggers_only_over_slack_and_learns_the_level() -> None:
+    policy = PacingPolicy(slack="10 MiB", min_interval=1.0)
+    proc = FakeProcess()
+    policy.reset(0.0, proc.rss)
+    proc.allocate(20 * MiB)
+    proc.release(8 * MiB)  # growth 20 MiB in RSS, but it is one tick's rise: wait
+    assert drive(policy, proc, 1.0) == "rising"
+    assert drive(policy, proc, 2.0) == "trim"  # RSS flat: the burst is over
+    assert policy.level == proc.rss == 72 * MiB  # the 12 MiB still live are the level now
+    assert drive(policy, proc, 10.0) == "below-slack"
+
+
+def test_auto_slack_follows_the_level_and_fires_on_tiles_sized_retention() -> None:
+    policy = PacingPolicy()  # slack=None: max(8 MiB, level / 8)
+    proc = FakeProcess(base=50 * MiB)
+    policy.reset(0.0, proc.rss)
+    assert policy.slack == AUTO_SLACK_MIN
+    # seed 004's tiles: ~35 MiB retained after a burst, far under the old 64 MiB slack
+    proc.allocate(35 * MiB)
+    proc.release(35 * MiB)
+    trims: list[tuple[float, bool]] = []
+    for tick in range(1, 5):
+        drive(policy, proc, float(tick), trims=trims)
+    assert trims and trims[0][1], "a 35 MiB retention must be trimmed at the defaults"
+    big = PacingPolicy()
+    big.reset(0.0, 2048 * MiB)
+    assert big.slack == 256 * MiB
+
+
+def test_waits_for_the_burst_to_end_with_requests_in_flight() -> None:
+    policy = PacingPolicy(slack="10 MiB", min_interval=0.1)
+    proc = FakeProcess()
+    policy.reset(0.0, proc.rss)
+    decisions = []
+    for tick in range(1, 6):  # 5 ticks of a burst: RSS rises every tick
+        proc.allocate(30 * MiB)
+        proc.release(25 * MiB)
+        decisions.append(drive(policy, proc, tick * 0.5, in_flight=4))
+    assert set(decisions) == {"rising"}
+    # the last request ends: in_flight 0 lets the trim happen at once, even on a rising reading
+    proc.allocate(30 * MiB)
+    proc.release(30 * MiB)
+    assert drive(policy, proc, 3.0, in_flight=0) == "trim"
+    # with requests in flight but RSS flat for settle_window (1 s), the burst is over too
+    proc.allocate(30 * MiB)
+    proc.release(30 * MiB)
+    assert drive(policy, proc, 3.5, in_flight=1) == "rising"
+    assert drive(policy, proc, 4.0, in_flight=1) == "rising"  # flat for 0.5 s only
+    assert drive(policy, proc, 4.5, in_flight=1) == "trim"
+
+
+def test_one_stalled_reading_mid_burst_is_not_the_end_of_it() -> None:
+    policy = PacingPolicy(slack="10 MiB", min_interval=0.1)
+    proc = FakeProcess()
+    policy.reset(0.0, proc.rss)
+    decisions = []
+    for tick in range(1, 11):  # 0.1 s ticks; the burst stalls (RSS flat) at every 4th
+        if tick % 4:
+            proc.allocate(20 * MiB)
+            proc.release(15 * MiB)
+        decisions.append(drive(policy, proc, tick * 0.1))
+    assert "trim" not in decisions, decisions
+
+
+def test_settled_skips_the_rising_check() -> None:
+    policy = PacingPolicy(slack="10 MiB")
+    proc = FakeProcess()
+    policy.reset(0.0, proc.rss)
+    proc.allocate(50 * MiB)
+    proc.release(50 * MiB)
+    assert drive(policy, proc, 1.0, settled=True) == "trim"
+
+
+def test_a_trim_mid_burst_does_not_block_the_one_after_it() -> None:
+    """The issue's failure: a trim 1-2 s before the burst ends, then a 10 s wait."""
+    policy = PacingPolicy()  # defaults
+    proc = FakeProcess()
+    policy.reset(0.0, proc.rss)
+    trims: list[tuple[float, bool]] = []
+    now = 0.0
+    for step in range(16):  # a burst spread over 8 s, sampled every 0.5 s, RSS flat at times
+        now += 0.5
+        if step % 3 != 2:
+            proc.allocate(20 * MiB)
+            proc.release(15 * MiB)
+        drive(policy, proc, now, trims=trims)
+    burst_end = now
+    peak_retained = proc.retained
+    for _ in range(10):  # 5 s after the burst
+        now += 0.5
+        drive(policy, proc, now, trims=trims)
+    after = [t for t in trims if t[0] > burst_end]
+    assert after, f"no trim in the 5 s after the burst ({trims})"
+    assert proc.retained == 0 < peak_retained
+
+
+def test_pinned_memory_costs_one_trim_and_a_later_free_is_still_seen() -> None:
+    """Survivors pin more than slack: <= 5 unproductive trims in 20 s at 0.1 s ticks with the
+    timers shortened, and the cache's memory goes back within 2 s of its free."""
+    for timers in ({"min_interval": 0.1, "backoff_max": 1.0}, {}):
+        policy = PacingPolicy(slack="10 MiB", **timers)  # type: ignore[arg-type]
+        proc = FakeProcess()
+        policy.reset(0.0, proc.rss)
+        proc.allocate(200 * MiB)  # a cache that stays live
+        trims: list[tuple[float, bool]] = []
+        now = 0.0
+        for _ in range(200):  # 20 s of 0.1 s ticks
+            now += 0.1
+            drive(policy, proc, now, trims=trims)
+        unproductive = [t for t in trims if not t[1]]
+        assert len(unproductive) <= 5, f"{timers}: {len(unproductive)} unproductive trims"
+        proc.release(200 * MiB)  # the cache is freed: RSS does not move, free bytes do
+        freed_at = now
+        for _ in range(20):
+            now += 0.1
+            drive(policy, proc, now, trims=trims)
+            if proc.retained == 0:
+                break
+        assert proc.retained == 0, f"{timers}: the freed cache was not trimmed within 2 s"
+        assert trims[-1][0] > freed_at and trims[-1][1]
+
+
+def test_backoff_starts_at_the_second_unproductive_trim_and_is_capped() -> None:
+    policy = PacingPolicy(slack="10 MiB", min_interval=1.0, backoff_max=4.0)
+    policy.reset(0.0, 100 * MiB)
+    assert policy.wait == 1.0
+    level = 100 * MiB
+    waits = []
+    for n in range(5):  # live growth each time: every trim is unproductive
+        level += 20 * MiB
+        policy.record_trim(float(n), growth=20 * MiB, released=0, rss_after=level)
+        waits.append(policy.wait)
+    assert waits == [1.0, 2.0, 4.0, 4.0, 4.0]
+    policy.record_trim(10.0, growth=20 * MiB, released=20 * MiB, rss_after=level)
+    assert policy.wait == 1.0
+
+
+def test_cpu_budget_paces_expensive_trims_not_cheap_ones() -> None:
+    policy = PacingPolicy(slack="10 MiB", min_interval=0.1)  # 1 % over 300 s: 3 s of credit
+    proc = FakeProcess()
+    policy.reset(0.0, proc.rss)
+    assert policy.credit(0.0) == pytest.approx(3.0)
+    # one trim of 5 s (a loaded machine, a huge heap): 2 s in debt, 200 s to pay back
+    proc.allocate(50 * MiB)
+    proc.release(50 * MiB)
+    assert policy.decide(1.0, proc.rss, settled=True) == "trim"
+    policy.record_trim(1.0, growth=50 * MiB, released=proc.trim(), rss_after=proc.rss, seconds=5.0)
+    proc.allocate(50 * MiB)
+    proc.release(50 * MiB)
+    assert policy.decide(2.0, proc.rss, settled=True) == "budget"
+    assert policy.decide(100.0, proc.rss, settled=True) == "budget"
+    assert policy.decide(150.0, proc.rss, settled=True) == "budget"
+    assert policy.decide(202.0, proc.rss, settled=True) == "trim"
+    # cheap trims (10 ms) every 0.1 s are allowed for as long as the credit lasts
+    cheap = PacingPolicy(slack="10 MiB", min_interval=0.1)
+    cheap.reset(0.0, proc.rss)
+    count = 0
+    now = 0.0
+    for _ in range(50):
+        now += 0.1
+        proc.allocate(20 * MiB)
+        proc.release(20 * MiB)
+        if cheap.decide(now, proc.rss, settled=True) == "trim":
+            count += 1
+            cheap.record_trim(
+                now, growth=20 * MiB, released=proc.trim(), rss_after=proc.rss, seconds=0.01
+            )
+    assert count == 50
+
+
+def test_soft_limit_trims_regardless_and_warns_once_when_live(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = PacingPolicy(slack="100 MiB", min_interval=0.5, backoff_max=30.0, limit="500 MiB")
+    proc = FakeProcess()
+    policy.reset(0.0, proc.rss)
+    proc.allocate(380 * MiB)  # live: RSS 440 MiB
+    for n in range(3):  # three unproductive trims: a long back-off, level 440 MiB
+        policy.record_trim(n * 0.1, growth=0, released=0, rss_after=proc.rss)
+    assert policy.wait > 1.0
+    proc.allocate(20 * MiB)
+    proc.release(20 * MiB)  # RSS 460 MiB >= 450 MiB: trim though growth is under slack
+    assert policy.decide(1.0, proc.rss, settled=True) == "trim"
+    assert "limit" in policy.reason
+    policy.record_trim(1.0, growth=20 * MiB, released=proc.trim(), rss_after=proc.rss)
+    # live memory itself now at the mark: say once that reclaim cannot help
+    proc.allocate(30 * MiB)
+    with caplog.at_level(logging.WARNING, logger="memreclaim"):
+        policy.record_trim(2.0, growth=0, released=0, rss_after=proc.rss)
+        for n in range(5):
+            policy.decide(3.0 + n, proc.rss)
+    warnings = [r for r in caplog.records if "near the limit" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "MiB" in warnings[0].getMessage()
+
+
+def test_requires_reset() -> None:
+    policy = PacingPolicy()
+    with pytest.raises(RuntimeError, match="reset"):
+        policy.decide(0.0, 100)
+    with pytest.raises(RuntimeError, match="reset"):
+        policy.record_trim(0.0, growth=0, released=0, rss_after=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"slack": 0}, ValueError, "slack must be > 0"),
+        ({"slack": "lots"}, ValueError, "slack"),
+        ({"min_interval": 0}, ValueError, "min_interval must be > 0"),
+        ({"min_interval": 2.0, "backoff_max": 1.0}, ValueError, "backoff_max"),
+        ({"release_fraction": 1.5}, ValueError, "release_fraction"),
+        ({"cpu_budget": 0}, ValueError, "cpu_budget"),
+        ({"cpu_budget": True}, TypeError, "cpu_budget"),
+        ({"budget_window": -1}, ValueError, "budget_window"),
+        ({"limit": 0}, ValueError, "limit must be > 0"),
+        ({"limit": "auto"}, ValueError, "limit"),
+        ({"limit_fraction": 0}, ValueError, "limit_fraction"),
+        ({"use_traced": 1}, TypeError, "use_traced must be a bool"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        PacingPolicy(**kwargs)
+
+
+def test_bad_call_arguments_change_nothing() -> None:
+    policy = PacingPolicy()
+    policy.reset(0.0, 100 * MiB)
+    with pytest.raises(TypeError):
+        policy.decide(1.0, 100 * MiB, in_flight="many")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        policy.record_trim(1.0, growth=0, released=0, rss_after=0, seconds=-1.0)
+    assert policy.last_trim is None and policy.level == 100 * MiB
+
+
+# ---- a recorded trace from a real server ----------------------------------------------------
+
+
+def test_recorded_uvicorn_trace_trims_after_the_burst() -> None:
+    """Replay the readings a Watchdog took in a real uvicorn run (benchmarks/bench_servers.py
+    --record): the policy must take the recorded decisions' shape: no trim while the burst is
+    rising, a trim after it, and at most 3 unproductive trims in the 30 s after it.
+
+    Where the replayed policy trims, the RSS after the trim is the recorded one of the nearest
+    recorded trim at or after that tick (the same memory was free then); later readings are
+    lowered by what that trim gave back, as long as the recording had not trimmed yet.
+    """
+    trace = json.loads((DATA / "uvicorn-offload-spread.json").read_text())
+    samples = trace["samples"]  # [t, rss, in_flight, free-or-null]
+    burst_end = trace["burst_end"]
+    recorded_trims = trace["trims"]  # [t, rss_after]
+    policy = PacingPolicy(**trace.get("policy", {}))
+    policy.reset(samples[0][0], samples[0][1])
+    offset = 0
+    trims: list[tuple[float, bool]] = []
+    for t, rss, in_flight, free in samples[1:]:
+        later = [rss_after for (tt, rss_after) in recorded_trims if tt >= t]
+        recorded_trimmed = any(tt <= t for (tt, _) in recorded_trims)
+        current = rss - (0 if recorded_trimmed else offset)
+        decision = policy.decide(t, current, in_flight=in_flight, free=free)
+        if decision == "trim":
+            after = min(current, later[0]) if later else current
+            growth = policy.growth(current)
+            productive = policy.record_trim(
+                t, growth=growth, released=current - after, rss_after=after, seconds=0.05
+            )
+            offset += current - after
+            trims.append((t, productive))
+    during = [t for t, _ in trims if trace["burst_start"] < t < burst_end - 0.5]
+    after_burst = [(t, p) for t, p in trims if burst_end <= t <= burst_end + 30]
+    assert any(p for _, p in after_burst), f"no productive trim after the burst: {trims}"
+    assert sum(1 for _, p in after_burst if not p) <= 3, trims
+    assert min(t for t, p in after_burst if p) <= burst_end + 5, trims
+    assert len(during) <= 2, f"trimmed mid-burst: {during}"
