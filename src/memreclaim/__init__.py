@@ -46,6 +46,7 @@ from .pools import (
 from .units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
+    from ._limits import Limits, limits
     from .diagnosis import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
     from .watchdog import BackgroundTrimmer, Counters, PacingPolicy, TrimEvent, Watchdog
 
@@ -58,6 +59,7 @@ _LAZY_EXPORTS = {
     **dict.fromkeys(
         ("BackgroundTrimmer", "Counters", "PacingPolicy", "TrimEvent", "Watchdog"), "watchdog"
     ),
+    **dict.fromkeys(("Limits", "limits"), "_limits"),
 }
 
 
@@ -83,6 +85,7 @@ __all__ = [
     "BackgroundTrimmer",
     "Counters",
     "HeapStats",
+    "Limits",
     "MemoryStats",
     "PacingPolicy",
     "PoolReclaimResult",
@@ -104,6 +107,7 @@ __all__ = [
     "estimate_pool_reclaim",
     "format_bytes",
     "heap_stats",
+    "limits",
     "malloc_info",
     "measure",
     "parse_bytes",
