@@ -113,7 +113,7 @@ def _unescape(path: str) -> str:
         return path
     out, i = [], 0
     while i < len(path):
-        if path[i] == "\\" and  path[i + 1 : i + 4].isdigit():
+        if path[i] == "\\" and path[i + 1 : i + 4].isdigit():
             out.append(chr(int(path[i + 1 : i + 4], 8)))
             i += 4
         else:
@@ -146,9 +146,7 @@ def _cgroup_dirs(root: str, mount_root: str, mount_point: str, cgroup: str) -> l
     return [d for d in dirs if os.path.isdir(d)] or [base]
 
 
-def _tightest(
-    dirs: list[str], name: str
-) -> tuple[int | None, str | None]:
+def _tightest(dirs: list[str], name: str) -> tuple[int | None, str | None]:
     best: tuple[int | None, str | None] = (None, None)
     for d in dirs:
         value = _bytes(_read(os.path.join(d, name)))
@@ -160,9 +158,10 @@ def _tightest(
 def _from_cgroup2(root: str, cgroup: str, mount: tuple[str, str, str, str]) -> Limits | None:
     dirs = _cgroup_dirs(root, mount[1], mount[2], cgroup)
     own = dirs[0]
-    if _read(os.path.join(own, "memory.max")) is None and _read(
-        os.path.join(own, "memory.current")
-    ) is None:
+    if (
+        _read(os.path.join(own, "memory.max")) is None
+        and _read(os.path.join(own, "memory.current")) is None
+    ):
         return None  # the memory controller is not enabled for this cgroup
     limit, where = _tightest(dirs, "memory.max")
     high, high_where = _tightest(dirs, "memory.high")
