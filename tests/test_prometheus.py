@@ -128,3 +128,54 @@ def test_register_failure_modes() -> None:
         prometheus.register("default")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="refresh_limits"):
         prometheus.MemreclaimCollector(refresh_limits=1)  # type: ignore[arg-type]
+
+
+def test_multiprocess_mirror_sums_workers(
+    run_python: Callable[..., dict[str, Any]], tmp_path: Path
+) -> None:
+    """prometheus_client's multiprocess mode, as under gunicorn: two forked workers each trim
+    a spike and mirror their figures; the scrape side sums them from the files."""
+    out = run_python(
+        """
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import multiprocess
+from prometheus_client.parser import text_string_to_metric_families
+from memreclaim import workloads
+from memreclaim.integrations.prometheus import MultiprocessMirror
+
+released = []
+pids = []
+for worker in range(2):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        mirror = MultiprocessMirror()   # after the fork, as in gunicorn's post_fork
+        data = workloads.strings(100_000)
+        survivors = workloads.keep_every(data, 50)
+        del data
+        result = memreclaim.trim()
+        mirror.update()
+        os.write(w, str(result.released).encode())
+        os._exit(0)
+    os.close(w)
+    released.append(int(os.read(r, 100)))
+    os.waitpid(pid, 0)
+    pids.append(pid)
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)
+values = {}
+for family in text_string_to_metric_families(generate_latest(registry).decode()):
+    for sample in family.samples:
+        values[sample.name + repr(sorted(sample.labels.items()))] = sample.value
+emit(values=values, released=released, pids=pids)
+""",
+        env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+    )
+    values = out["values"]
+    assert values["memreclaim_trims_total[]"] == 2
+    assert values["memreclaim_released_bytes_total[]"] == sum(out["released"])
+    assert min(out["released"]) > 100 * MiB
+    # "liveall" gauges: the workers have exited, but nobody called mark_process_dead, so their
+    # files are still read; one series per pid.
+    for pid in out["pids"]:
+        assert values[f"memreclaim_rss_bytes[('pid', '{pid}')]"] > 0

@@ -47,7 +47,7 @@ import memreclaim
 
 from .. import _accounting
 
-__all__ = ["MemreclaimCollector", "register"]
+__all__ = ["MemreclaimCollector", "MultiprocessMirror", "register"]
 
 
 class MemreclaimCollector:
@@ -146,3 +146,83 @@ def register(
     collector = MemreclaimCollector(refresh_limits=refresh_limits)
     registry.register(collector)
     return collector
+
+
+class MultiprocessMirror:
+    """Copies this process's figures into prometheus_client metric objects, which its
+    multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, e.g. under gunicorn) aggregates over every
+    worker. Create one per worker (after the fork) and call :meth:`update` now and then, e.g. in
+    gunicorn's ``post_request`` hook or from a thread; each call costs a ``/proc/self/statm``
+    read and a few file writes.
+
+    Mirrored: ``memreclaim_trims_total``, ``memreclaim_trims_unproductive_total``,
+    ``memreclaim_released_bytes_total``, ``memreclaim_trim_seconds_total`` (the sum of trim
+    durations: the histogram's buckets cannot be rebuilt from totals) as counters summed over
+    workers, dead ones included; ``memreclaim_rss_bytes`` and ``memreclaim_rss_anon_bytes`` as
+    gauges with a ``pid`` label per live worker (``multiprocess_mode="liveall"``); the limit as
+    ``memreclaim_limit_bytes`` (``"liveMax"``). Not mirrored: ``memreclaim_traced_bytes``.
+
+    ``registry=None`` leaves the metrics unregistered (multiprocess mode collects them from the
+    files, not from a registry); tests pass their own registry.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import Counter, Gauge
+
+        if registry is not None and not isinstance(registry, CollectorRegistry):
+            raise TypeError(
+                "registry must be a prometheus_client CollectorRegistry or None,"
+                f" not {type(registry).__name__}"
+            )
+        self._trims = Counter("memreclaim_trims", "Trims made.", registry=registry)
+        self._unproductive = Counter(
+            "memreclaim_trims_unproductive",
+            "Trims that gave back less than 1 MiB.",
+            registry=registry,
+        )
+        self._released = Counter(
+            "memreclaim_released_bytes",
+            "Bytes given back by trims.",
+            registry=registry,
+        )
+        self._seconds = Counter(
+            "memreclaim_trim_seconds",
+            "Seconds spent trimming.",
+            registry=registry,
+        )
+        self._rss = Gauge(
+            "memreclaim_rss_bytes",
+            "Resident set size.",
+            multiprocess_mode="liveall",
+            registry=registry,
+        )
+        self._anon = Gauge(
+            "memreclaim_rss_anon_bytes",
+            "Anonymous resident bytes.",
+            multiprocess_mode="liveall",
+            registry=registry,
+        )
+        self._limit = Gauge(
+            "memreclaim_limit_bytes",
+            "The memory limit (0: none).",
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
+        self._seen = _accounting.TrimTotals(0, 0, 0, 0.0, ())
+
+    def update(self) -> None:
+        """Add the trims made since the last call, and set the gauges to the figures now."""
+        totals = _accounting.totals()
+        seen = self._seen
+        if totals.trims < seen.trims:  # totals restarted (a fork): count from zero again
+            seen = _accounting.TrimTotals(0, 0, 0, 0.0, ())
+        self._trims.inc(totals.trims - seen.trims)
+        self._unproductive.inc(totals.unproductive - seen.unproductive)
+        self._released.inc(totals.released_bytes - seen.released_bytes)
+        self._seconds.inc(max(0.0, totals.seconds - seen.seconds))
+        self._seen = totals
+        st = memreclaim.stats()
+        self._rss.set(st.rss)
+        if st.rss_anon is not None:
+            self._anon.set(st.rss_anon)
+        self._limit.set(memreclaim.limits().limit or 0)
