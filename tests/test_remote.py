@@ -141,6 +141,14 @@ def test_cli_trim_pid_through_the_signal_handler(spiking: Callable[..., Target])
     assert figures["python"] == sys.version.split()[0]
 
 
+def test_unknown_allocator_is_said_not_hidden(spiking: Callable[..., Target]) -> None:
+    hide = ["env", "MEMRECLAIM_TEST_HIDE_SYMBOLS=malloc_trim", sys.executable]
+    target = spiking(argv=hide)
+    proc = cli("trim", "--pid", str(target.pid), "--method", "signal")
+    assert proc.returncode == 1
+    assert "allocator was not detected (unknown): nothing was trimmed" in proc.stderr
+
+
 def test_bare_signal_trims_and_logs(spiking: Callable[..., Target]) -> None:
     target = spiking()
     spike = anon(target.pid) - target.base

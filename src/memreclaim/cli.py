@@ -513,6 +513,13 @@ def cmd_remote(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if "error" in answer:
         raise CliError(f"process {args.pid}: {answer['error']}")
+    if args.command == "trim" and answer["result"]["method"] == "none":
+        if args.json:
+            print(json.dumps(answer, indent=2))
+        raise CliError(
+            f"process {args.pid}: its allocator was not detected"
+            f" ({answer['result']['allocator']}): nothing was trimmed"
+        )
     if args.json:
         print(json.dumps(answer, indent=2))
     elif args.command == "trim":
