@@ -184,6 +184,9 @@ def test_find_sources_fixture(tmp_path: Path) -> None:
     (tmp_path / "proc/pressure").mkdir()
     (tmp_path / "proc/pressure/memory").write_text(_psi(0))
     assert pressure.find_sources(str(tmp_path)) == (str(tmp_path / "proc/pressure/memory"), None)
+    assert pressure.find_sources(str(tmp_path / "nothing")) == (None, None)
+    with pytest.raises(TypeError):
+        pressure.find_sources(42)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -128,6 +128,11 @@ def test_register_failure_modes() -> None:
         prometheus.register("default")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="refresh_limits"):
         prometheus.MemreclaimCollector(refresh_limits=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="CollectorRegistry or None"):
+        prometheus.MultiprocessMirror("default")  # type: ignore[arg-type]
+    mirror = prometheus.MultiprocessMirror(CollectorRegistry())
+    mirror.update()
+    mirror.update()  # no new trims: adds nothing, raises nothing
 
 
 def test_multiprocess_mirror_sums_workers(
