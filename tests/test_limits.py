@@ -271,12 +271,17 @@ def trimmer():  # stands in for the runner at its defaults: a plain periodic tri
         trims.append(memreclaim.trim().released or 0)
 if TRIM:
     threading.Thread(target=trimmer, daemon=True).start()
-    time.sleep(1.0)  # unproductive trims before the spike
+    end = time.monotonic() + 120
+    while len(trims) < 2 and time.monotonic() < end:  # unproductive trims before the spike
+        time.sleep(0.05)
 unproductive_before = sum(1 for r in trims if r < (1 << 20))
 data = workloads.strings(150_000)            # ~330 MiB of malloc'd strings
 survivors = workloads.keep_every(data, 50)   # keep 2%: the heap is fragmented
 del data
-time.sleep(1.5)                              # between two phases of the service
+if TRIM:  # between two phases of the service the trimmer gets its turn (bounded, not timed)
+    mark, end = len(trims), time.monotonic() + 120
+    while len(trims) < mark + 2 and time.monotonic() < end:  # one whole trim after the free
+        time.sleep(0.05)
 buffers = [bytearray(10 << 20) for _ in range(30)]   # 300 MiB of fresh buffers, touched
 for b in buffers:
     b[::4096] = b"x" * len(b[::4096])
