@@ -46,7 +46,9 @@ from .pools import (
 from .units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
+    from ._limits import Limits, limits
     from .diagnosis import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
+    from .remote import install_signal_handler
     from .watchdog import BackgroundTrimmer, Counters, PacingPolicy, TrimEvent, Watchdog
 
 # Policy-layer names and the module each comes from, imported on first use.
@@ -58,6 +60,8 @@ _LAZY_EXPORTS = {
     **dict.fromkeys(
         ("BackgroundTrimmer", "Counters", "PacingPolicy", "TrimEvent", "Watchdog"), "watchdog"
     ),
+    **dict.fromkeys(("Limits", "limits"), "_limits"),
+    "install_signal_handler": "remote",
 }
 
 
@@ -83,6 +87,7 @@ __all__ = [
     "BackgroundTrimmer",
     "Counters",
     "HeapStats",
+    "Limits",
     "MemoryStats",
     "PacingPolicy",
     "PoolReclaimResult",
@@ -104,6 +109,8 @@ __all__ = [
     "estimate_pool_reclaim",
     "format_bytes",
     "heap_stats",
+    "install_signal_handler",
+    "limits",
     "malloc_info",
     "measure",
     "parse_bytes",

@@ -497,8 +497,48 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # stats
 
 
+def cmd_remote(args: argparse.Namespace) -> int:
+    """``trim --pid`` / ``stats --pid``: run the command inside another process."""
+    from memreclaim import remote
+
+    try:
+        answer = remote.request(
+            args.pid,
+            args.command,
+            pools=getattr(args, "pools", False),
+            timeout=getattr(args, "timeout", 30.0),
+            method=getattr(args, "method", "auto"),
+        )
+    except (OSError, remote.RemoteError) as exc:
+        raise CliError(str(exc)) from None
+    if "error" in answer:
+        raise CliError(f"process {args.pid}: {answer['error']}")
+    if args.command == "trim" and answer["result"]["method"] == "none":
+        if args.json:
+            print(json.dumps(answer, indent=2))
+        raise CliError(
+            f"process {args.pid}: its allocator was not detected"
+            f" ({answer['result']['allocator']}): nothing was trimmed"
+        )
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    elif args.command == "trim":
+        r = answer["result"]
+        released = "unknown" if r["released"] is None else format_bytes(r["released"])
+        print(
+            f"pid {args.pid} ({answer['via']}): released {released}"
+            f" ({r['allocator']} {r['method']}, {r['seconds'] * 1000:.1f} ms)"
+        )
+    else:
+        for key, value in answer["result"].items():
+            print(f"{key:16} {value}")
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     """``stats``: this interpreter's memory figures."""
+    if getattr(args, "pid", None) is not None:
+        return cmd_remote(args)
     try:
         st = memreclaim.stats(heap=True)
     except memreclaim.UnsupportedAllocatorError:  # an allocator without statistics
@@ -789,6 +829,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = sub.add_parser("stats", help="this interpreter's memory figures")
     stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.add_argument(
+        "--pid", type=_pid_arg, help="another Python process's figures (see trim --pid)"
+    )
+
+    trim = sub.add_parser(
+        "trim",
+        help="trim a running Python process from outside (sys.remote_exec or its handler)",
+        description="Trim process PID: through sys.remote_exec when this command runs on"
+        " Python 3.14+, else through the handler the process installed with"
+        " memreclaim.install_signal_handler(). See docs/containers.md.",
+    )
+    trim.add_argument("--pid", type=_pid_arg, required=True, help="the process to trim")
+    trim.add_argument("--pools", action="store_true", help="also reclaim empty pymalloc pools")
+    trim.add_argument(
+        "--method", choices=("auto", "remote_exec", "signal"), default="auto", help="(auto)"
+    )
+    trim.add_argument(
+        "--timeout", type=_positive_float, default=30.0, help="seconds to wait for it (30)"
+    )
+    trim.add_argument("--json", action="store_true", help="print JSON")
 
     insp = sub.add_parser("inspect", help="RSS breakdown of another process from /proc")
     insp.add_argument("pid", type=_pid_arg, metavar="PID")
@@ -861,6 +921,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_stats(args)
         if args.command == "inspect":
             return cmd_inspect(args)
+        if args.command == "trim":
+            return cmd_remote(args)
         return cmd_run(args, parser)
     except CliError as exc:
         print(f"memreclaim {args.command}: {exc}", file=sys.stderr)
