@@ -261,32 +261,39 @@ emit(source=lim.source, limit=lim.limit, high=lim.high, path=lim.path, current=l
 OOM_WORKLOAD = (
     JOIN
     + """
-import threading, time
+import time
 from memreclaim import workloads
 
-stop = threading.Event()
-trims = []
-def trimmer():  # stands in for the runner at its defaults: a plain periodic trim
-    while not stop.wait(0.25):
-        trims.append(memreclaim.trim().released or 0)
-if TRIM:
-    threading.Thread(target=trimmer, daemon=True).start()
+events = []
+
+def wait_for(what, check):  # bounded: fails the workload with a message, never hangs
     end = time.monotonic() + 120
-    while len(trims) < 2 and time.monotonic() < end:  # unproductive trims before the spike
+    while not check():
+        if time.monotonic() > end:
+            emit(completed=False, waited_for=what, events=len(events))
+            raise SystemExit(0)
         time.sleep(0.05)
-unproductive_before = sum(1 for r in trims if r < (1 << 20))
+
+if TRIM:  # the runner at its defaults (limit="auto" reads this cgroup's limit)
+    runner = memreclaim.BackgroundTrimmer(on_trim=events.append)
+    runner.start()
+    cache = [bytes(4096) for _ in range(12_000)]  # 48 MiB that stays live: trims give nothing
+    wait_for("an unproductive trim before the spike", lambda: any(not e.productive for e in events))
+unproductive_before = sum(1 for e in events if not e.productive)
 data = workloads.strings(150_000)            # ~330 MiB of malloc'd strings
 survivors = workloads.keep_every(data, 50)   # keep 2%: the heap is fragmented
 del data
-if TRIM:  # between two phases of the service the trimmer gets its turn (bounded, not timed)
-    mark, end = len(trims), time.monotonic() + 120
-    while len(trims) < mark + 2 and time.monotonic() < end:  # one whole trim after the free
-        time.sleep(0.05)
+if TRIM:  # between the two phases of the service the runner gets its turn (bounded, not timed)
+    mark = len(events)
+    wait_for("a productive trim after the free", lambda: any(e.productive for e in events[mark:]))
 buffers = [bytearray(10 << 20) for _ in range(30)]   # 300 MiB of fresh buffers, touched
 for b in buffers:
     b[::4096] = b"x" * len(b[::4096])
-stop.set()
-emit(completed=True, trims=len(trims), released=sum(trims), unproductive=unproductive_before)
+if TRIM:
+    runner.stop()
+emit(completed=True, trims=len(events), unproductive=unproductive_before,
+     released=sum(e.released for e in events),
+     limit=runner.policy.limit if TRIM else None)
 """
 )
 
@@ -314,7 +321,8 @@ def test_oom_scenario_cgroup1(
         assert oom_kills() >= 1, "killed by SIGKILL but the cgroup counted no OOM kill"
     else:
         out = run_python(OOM_WORKLOAD, params=params)
-        assert out["completed"]
+        assert out["completed"], f"the runner never made {out.get('waited_for')}"
+        assert out["limit"] == 512 * MiB  # limit="auto" found the cgroup's limit
         assert out["unproductive"] >= 1  # the trims before the spike gave nothing back
         assert out["released"] > 200 * MiB
         assert oom_kills() == 0

@@ -67,6 +67,20 @@ AUTO_SLACK_FRACTION = 0.125
 """With ``slack=None``, the trigger is this fraction of the learned level (if larger)."""
 
 
+def _auto_limit() -> int | None:
+    """The memory limit ``limit="auto"`` keeps RSS under: the cgroup's, or None.
+
+    An ``RLIMIT_AS``/``RLIMIT_DATA`` limit is not used: it bounds address space, which trimming
+    does not reduce; only ``memory.high``, when set, is taken alongside it.
+    """
+    from ._limits import limits
+
+    found = limits()
+    bounds = [found.high] if found.source.startswith("rlimit") else [found.limit, found.high]
+    present = [bound for bound in bounds if bound is not None]
+    return min(present) if present else None
+
+
 class PacingPolicy:
     """Decide when to trim, from measured signals and the measured cost of past trims.
 
@@ -85,7 +99,10 @@ class PacingPolicy:
         settle: no trim while RSS grew more than this (bytes) over the last ``settle_window``
             seconds of readings, unless no request is in flight; None: a quarter of the slack.
         settle_window: seconds of readings the rising check looks back over (> 0).
-        limit: a soft memory limit (bytes or string), or None (off).
+        limit: a soft memory limit (bytes or string), ``"auto"`` (the default: the cgroup's
+            ``memory.high`` or ``memory.max``/``memory.limit_in_bytes``, whichever is lower, from
+            :func:`memreclaim.limits`, or off where the process has no memory limit), or None
+            (off).
         limit_fraction: fraction of ``limit`` at which trims ignore back-off and budget.
         use_traced: when tracemalloc is tracing, growth it explains (live objects) does not
             count, and a fall of traced bytes counts as a free.
@@ -106,7 +123,7 @@ class PacingPolicy:
         budget_window: float = 300.0,
         settle: int | str | None = None,
         settle_window: float = 1.0,
-        limit: int | str | None = None,
+        limit: int | str | None = "auto",
         limit_fraction: float = 0.9,
         use_traced: bool = True,
     ) -> None:
@@ -123,8 +140,13 @@ class PacingPolicy:
         self._budget_window = _validate.seconds("budget_window", budget_window)
         self._settle = None if settle is None else _validate.size("settle", settle, allow_zero=True)
         self._settle_window = _validate.seconds("settle_window", settle_window)
-        # "auto" (the cgroup's limit) is one resolver call away: resolve it before this line.
-        self._limit = None if limit is None else _validate.size("limit", limit)
+        self._limit = (
+            _auto_limit()
+            if limit == "auto"
+            else None
+            if limit is None
+            else _validate.size("limit", limit)
+        )
         self._limit_fraction = _validate.fraction(
             "limit_fraction", limit_fraction, allow_zero=False
         )
