@@ -21,7 +21,7 @@ typedef struct {
     PyObject *unsupported_error; /* memreclaim.UnsupportedAllocatorError */
     PyObject *allocator_name;    /* str */
     const mr_backend *backend;
-    mr_statm statm; /* procfs.c locks it: the GIL does not serialise it on free-threaded builds */
+    mr_statm statm;  /* procfs.c locks it: the GIL does not serialise it on free-threaded builds */
     int statm_ready; /* set by exec: a zeroed state has fd 0, which is not ours */
 } core_state;
 
@@ -402,6 +402,15 @@ static int traced_memory(PyObject **current, PyObject **peak)
     PyObject *tracemalloc, *tracing, *pair;
     *current = *peak = NULL;
     tracemalloc = PyImport_ImportModule("_tracemalloc");
+    if (tracemalloc == NULL && PyErr_ExceptionMatches(PyExc_ImportError)) {
+        /* 3.13+ isolated subinterpreters refuse _tracemalloc (single-phase init): it cannot be
+         * asked from here, so report it as not tracing. */
+        PyErr_Clear();
+        Py_INCREF(Py_None);
+        Py_INCREF(Py_None);
+        *current = *peak = Py_None;
+        return 0;
+    }
     if (tracemalloc == NULL) {
         return -1;
     }
