@@ -6,12 +6,19 @@ process, and a crash must fail this test only.
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
 import sys
 import sysconfig
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "memreclaim"
 
 # Run in the subinterpreter: the whole public surface that touches the module state.
 SUB_CODE = """
@@ -120,6 +127,99 @@ emit(errors=errors, refused=refused, config=config, rss=memreclaim.rss())
         assert result["refused"], f"none of {SINGLE_PHASE} found to check isolation with"
     for name, error in result["refused"].items():
         assert error is not None and "subinterpreters" in error, (name, error)
+
+
+# A thread reads statm through one kept descriptor with no GIL (as on a free-threaded build) while
+# the main thread forks; every child reads it too. A child that inherited the statm lock held would
+# hang: the parent kills it after a deadline and the program fails. Pure C (procfs.c needs no
+# libpython), so it runs the way a free-threaded build would, on any interpreter.
+STATM_FORK_C = r"""
+#include "memreclaim.h"
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static mr_statm shared;
+static atomic_int stop;
+static atomic_long reads;
+
+static void *reader(void *arg)
+{
+    mr_rss_sample sample;
+    (void)arg;
+    while (!atomic_load(&stop)) {
+        if (mr_statm_read(&shared, &sample) != 0 || sample.resident <= 0) {
+            fprintf(stderr, "reader: statm read failed\n");
+            _exit(4);
+        }
+        atomic_fetch_add(&reads, 1);
+    }
+    return NULL;
+}
+
+int main(void)
+{
+    pthread_t thread;
+    int hung = 0, failed = 0;
+    mr_statm_init(&shared);
+    mr_procfs_global_init();
+    if (pthread_create(&thread, NULL, reader, NULL) != 0) {
+        return 5;
+    }
+    while (atomic_load(&reads) == 0) {
+        sched_yield();
+    }
+    for (int i = 0; i < FORKS && !hung; i++) { /* one hung child is enough */
+        pid_t pid = fork();
+        if (pid == 0) {
+            mr_rss_sample sample;
+            _exit(mr_statm_read(&shared, &sample) == 0 && sample.resident > 0 ? 0 : 3);
+        }
+        int status = 0;
+        for (int waited_ms = 0;; waited_ms++) {
+            if (waitpid(pid, &status, WNOHANG) == pid) {
+                failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+                break;
+            }
+            if (waited_ms > 30000) {
+                kill(pid, SIGKILL);
+                waitpid(pid, &status, 0);
+                hung++;
+                break;
+            }
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
+    }
+    atomic_store(&stop, 1);
+    pthread_join(thread, NULL);
+    mr_statm_close(&shared);
+    printf("forks=%d hung=%d failed=%d reads=%ld\n", FORKS, hung, failed, atomic_load(&reads));
+    return hung || failed ? 1 : 0;
+}
+"""
+
+
+def test_statm_lock_survives_fork_with_a_reader_thread(tmp_path: Path) -> None:
+    include = sysconfig.get_paths()["include"]
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None or not Path(include, "Python.h").exists():
+        pytest.skip(f"needs a C compiler and Python.h in {include} (the extension's build needs)")
+    source = tmp_path / "statm_fork.c"
+    source.write_text(STATM_FORK_C)
+    program = tmp_path / "statm_fork"
+    subprocess.run(
+        [compiler, "-std=c11", "-Wall", "-Werror", "-DFORKS=100", f"-I{SRC}", f"-I{include}",
+         str(source), str(SRC / "procfs.c"), "-pthread", "-o", str(program)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    proc = subprocess.run([str(program)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.fullmatch(r"forks=100 hung=0 failed=0 reads=[1-9]\d*\n", proc.stdout), proc.stdout
 
 
 def test_import_in_a_shared_gil_subinterpreter_311(
