@@ -170,7 +170,12 @@ int main(void)
     if (pthread_create(&thread, NULL, reader, NULL) != 0) {
         return 5;
     }
+    time_t give_up = time(NULL) + 120;
     while (atomic_load(&reads) == 0) {
+        if (time(NULL) > give_up) {
+            fprintf(stderr, "the reader thread made no read in 120 s\n");
+            return 6;
+        }
         sched_yield();
     }
     for (int i = 0; i < FORKS && !hung; i++) { /* one hung child is enough */
