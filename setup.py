@@ -4,8 +4,9 @@ import sys
 
 from setuptools import Extension, setup
 
-LIMITED_API = 0x030A0000  # abi3 floor: CPython 3.10
-
+# No limited API (abi3): one wheel per interpreter, like numpy and psutil where the ABI needs it.
+# Free-threaded builds reject the limited API (Python.h #errors on Py_LIMITED_API with
+# Py_GIL_DISABLED), and the per-interpreter-GIL slot is hidden below limited API 3.12.
 core = Extension(
     "memreclaim._core",
     sources=[
@@ -14,8 +15,6 @@ core = Extension(
         "src/memreclaim/alloc.c",
     ],
     depends=["src/memreclaim/memreclaim.h"],
-    define_macros=[("Py_LIMITED_API", hex(LIMITED_API))],
-    py_limited_api=True,
     libraries=["dl"],
     extra_compile_args=["-std=c11", "-Wall", "-Wextra"],
 )
@@ -39,6 +38,4 @@ with_pools = (
 
 setup(
     ext_modules=[core, pools] if with_pools else [core],
-    # A wheel is abi3 only when every extension in it is: _pools is built for one version.
-    options={} if with_pools else {"bdist_wheel": {"py_limited_api": "cp310"}},
 )

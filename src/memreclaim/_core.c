@@ -2,7 +2,10 @@
  *
  * Method table, module state, result types (PyStructSequence) and argument checks. The work is
  * done by procfs.c (RSS) and alloc.c (the allocator backends), which never touch Python objects.
- * Built against the limited API (abi3, floor 3.10).
+ * Built for each interpreter (no limited API: free-threaded builds reject it), and safe without
+ * the GIL and under per-interpreter GILs: the module state is written only by exec and read-only
+ * after, the kept statm descriptor has its own lock (procfs.c), and the process-wide parts
+ * (allocator detection, fork generation) are set once under pthread_once.
  */
 #include "memreclaim.h"
 
@@ -18,8 +21,7 @@ typedef struct {
     PyObject *unsupported_error; /* memreclaim.UnsupportedAllocatorError */
     PyObject *allocator_name;    /* str */
     const mr_backend *backend;
-    const mr_pools_capi *pools; /* resolved on the first trim(pools=True) */
-    mr_statm statm;
+    mr_statm statm;  /* procfs.c locks it: the GIL does not serialise it on free-threaded builds */
     int statm_ready; /* set by exec: a zeroed state has fd 0, which is not ours */
 } core_state;
 
@@ -197,23 +199,23 @@ static int parse_bounded_int(PyObject *value, const char *name, long long min, l
     return 0;
 }
 
-static const mr_pools_capi *get_pools(core_state *state)
+/* Looked up on every trim(pools=True), not cached in the module state: a cached pointer written
+ * by whichever thread comes first would be shared mutable state without the GIL, and the lookup
+ * (a sys.modules hit and an attribute) costs microseconds next to a trim. */
+static const mr_pools_capi *get_pools(core_state *Py_UNUSED(state))
 {
-    if (state->pools == NULL) {
-        const mr_pools_capi *capi = (const mr_pools_capi *)PyCapsule_Import(MR_POOLS_CAPSULE, 0);
-        if (capi == NULL) {
-            return NULL;
-        }
-        if (capi->version != MR_POOLS_CAPI_VERSION) {
-            PyErr_Format(PyExc_RuntimeError,
-                         "memreclaim._pools speaks C API version %d, _core expects %d: "
-                         "reinstall memreclaim",
-                         capi->version, MR_POOLS_CAPI_VERSION);
-            return NULL;
-        }
-        state->pools = capi;
+    const mr_pools_capi *capi = (const mr_pools_capi *)PyCapsule_Import(MR_POOLS_CAPSULE, 0);
+    if (capi == NULL) {
+        return NULL;
     }
-    return state->pools;
+    if (capi->version != MR_POOLS_CAPI_VERSION) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "memreclaim._pools speaks C API version %d, _core expects %d: "
+                     "reinstall memreclaim",
+                     capi->version, MR_POOLS_CAPI_VERSION);
+        return NULL;
+    }
+    return capi;
 }
 
 /* ---- trim ----------------------------------------------------------------------------------- */
@@ -245,8 +247,8 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     }
 
-    /* The statm reads keep the GIL: they take about a microsecond, and the GIL serialises use
-     * of the kept descriptor in the module state. */
+    /* The statm reads keep the GIL: they take about a microsecond (procfs.c locks the kept
+     * descriptor itself, so free-threaded builds need no GIL for them). */
     before_err = mr_statm_read(&state->statm, &before);
     /* Pool reclaim walks pymalloc's structures: it needs the GIL held. */
     started = monotonic_seconds();
@@ -400,6 +402,15 @@ static int traced_memory(PyObject **current, PyObject **peak)
     PyObject *tracemalloc, *tracing, *pair;
     *current = *peak = NULL;
     tracemalloc = PyImport_ImportModule("_tracemalloc");
+    if (tracemalloc == NULL && PyErr_ExceptionMatches(PyExc_ImportError)) {
+        /* 3.13+ isolated subinterpreters refuse _tracemalloc (single-phase init): it cannot be
+         * asked from here, so report it as not tracing. */
+        PyErr_Clear();
+        Py_INCREF(Py_None);
+        Py_INCREF(Py_None);
+        *current = *peak = Py_None;
+        return 0;
+    }
     if (tracemalloc == NULL) {
         return -1;
     }
@@ -712,14 +723,19 @@ static void core_free(void *module)
 
 static PyModuleDef_Slot core_slots[] = {
     {Py_mod_exec, (void *)core_exec},
-#ifdef Py_mod_multiple_interpreters
-    /* Each interpreter gets its own module state, and the process-wide parts (the detected
-     * backend, the fork generation) are set once under pthread_once. */
+/* Each slot is guarded by the macro that defines its VALUE: from 3.15 the slot names are always
+ * defined while the values stay hidden where they were added (3.12, 3.13). */
+#ifdef Py_MOD_PER_INTERPRETER_GIL_SUPPORTED
+    /* Each interpreter gets its own module state (no static PyObject*, no static type); the
+     * process-wide parts (the detected backend, the fork generation, the statm lock) are C data
+     * set once under pthread_once or guarded by their own lock. */
     {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
 #endif
-#ifdef Py_mod_gil
-    /* The kept statm descriptor in the module state is serialised by the GIL. */
-    {Py_mod_gil, Py_MOD_GIL_USED},
+#ifdef Py_MOD_GIL_NOT_USED
+    /* Nothing here relies on the GIL: the module state is read-only after exec, the kept statm
+     * descriptor is locked in procfs.c, the pools capsule is looked up per call, and alloc.c
+     * detects once under pthread_once. tools/freethreaded_build.sh checks this slot. */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
 #endif
     {0, NULL},
 };

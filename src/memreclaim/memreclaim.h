@@ -41,6 +41,7 @@
  * number: when a read fails or is not statm, device and inode tell whether it is still ours; one
  * that is not is forgotten (never closed) and statm reopened. */
 typedef struct {
+    /* Guarded by procfs.c's statm lock, inside mr_statm_read/mr_statm_close only. */
     int fd;                   /* -1 when not open */
     unsigned long generation; /* mr_fork_generation() when fd was opened */
     uint64_t dev, ino;        /* fstat() of fd when it was opened */
@@ -65,8 +66,10 @@ void mr_procfs_global_init(void);
 unsigned long mr_fork_generation(void);
 void mr_statm_init(mr_statm *statm);
 void mr_statm_close(mr_statm *statm);
-/* Returns 0, or an errno value (and leaves *out unspecified). Touches the descriptor in *statm:
- * the caller serialises calls on one mr_statm (the GIL does, in _core.c). */
+/* Returns 0, or an errno value (and leaves *out unspecified). Thread-safe without the GIL: every
+ * use of a kept descriptor (read, reopen, close) holds one process-wide lock in procfs.c, which
+ * fork handlers take and release so a child never inherits it held. Call with the GIL held or
+ * not: the lock is held only around a pread (or an open/close). */
 int mr_statm_read(mr_statm *statm, mr_rss_sample *out);
 /* Returns 0, or an errno value. */
 int mr_status_read(mr_status *out);

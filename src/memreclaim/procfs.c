@@ -19,9 +19,31 @@ static atomic_ulong fork_generation = 1;
 static pthread_once_t procfs_once = PTHREAD_ONCE_INIT;
 static int64_t page_size = 4096;
 
+/* Serialises every use of every kept statm descriptor (one per module instance, that is one per
+ * interpreter). The GIL cannot do it: free-threaded builds have none, and interpreters with their
+ * own GIL share nothing but this process. One process-wide lock rather than one per mr_statm, so
+ * the fork handlers below can reach it: it is held around a pread of a few bytes (or an
+ * open/close), never around a call that could wait for another lock. */
+static pthread_mutex_t statm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* fork() while another thread holds statm_lock would leave the lock held forever in the child
+ * (that thread does not exist there) and the mr_statm it was updating half-written. So the forking
+ * thread takes the lock first (prepare) and both sides release it after: the child gets a
+ * consistent mr_statm and a free lock. */
+static void before_fork(void)
+{
+    (void)pthread_mutex_lock(&statm_lock);
+}
+
+static void after_fork_in_parent(void)
+{
+    (void)pthread_mutex_unlock(&statm_lock);
+}
+
 static void after_fork_in_child(void)
 {
     atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed);
+    (void)pthread_mutex_unlock(&statm_lock);
 }
 
 static void procfs_init_once(void)
@@ -30,9 +52,10 @@ static void procfs_init_once(void)
     if (size > 0) {
         page_size = size;
     }
-    /* If registration fails the kept descriptor could report the parent after a fork; there is no
-     * way to report that here, so readers then never keep a descriptor (see mr_statm_read). */
-    if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0) {
+    /* If registration fails the kept descriptor could report the parent after a fork and the lock
+     * could be inherited held; there is no way to report that here, so readers then never keep a
+     * descriptor nor take the lock (see mr_statm_read). */
+    if (pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child) != 0) {
         atomic_store(&fork_generation, 0);
     }
 }
@@ -62,7 +85,7 @@ static int statm_is_ours(const mr_statm *statm)
            (uint64_t)st.st_ino == statm->ino;
 }
 
-void mr_statm_close(mr_statm *statm)
+static void statm_close_locked(mr_statm *statm)
 {
     if (statm->fd >= 0 && statm_is_ours(statm)) {
         (void)close(statm->fd);
@@ -124,15 +147,15 @@ static int parse_statm(const char *buf, ssize_t n, uint64_t fields[7])
     return p + 1 == end && *p == '\n' ? 0 : -1;
 }
 
-int mr_statm_read(mr_statm *statm, mr_rss_sample *out)
+/* mr_statm_read's work; the caller holds statm_lock (or keeps no descriptor: generation 0). */
+static int statm_read_locked(mr_statm *statm, unsigned long generation, mr_rss_sample *out)
 {
     char buf[160];
     uint64_t fields[7];
-    unsigned long generation = mr_fork_generation();
     int err = EIO;
 
     if (statm->fd >= 0 && (statm->generation != generation || generation == 0)) {
-        mr_statm_close(statm);
+        statm_close_locked(statm);
     }
     /* Twice at most: the program may have closed our descriptor and reused its number, which
      * shows as a failed read or as something that is not statm. Only then is the descriptor's
@@ -165,9 +188,40 @@ int mr_statm_read(mr_statm *statm, mr_rss_sample *out)
     out->resident = (int64_t)fields[1] * page_size;
     out->anon = fields[1] > fields[2] ? (int64_t)(fields[1] - fields[2]) * page_size : 0;
     if (generation == 0) {
-        mr_statm_close(statm); /* no fork notification: never keep the descriptor */
+        statm_close_locked(statm); /* no fork notification: never keep the descriptor */
     }
     return 0;
+}
+
+int mr_statm_read(mr_statm *statm, mr_rss_sample *out)
+{
+    unsigned long generation = mr_fork_generation();
+    int err;
+    if (generation == 0) {
+        /* No fork handlers, so the lock could have been inherited held: take none, and share
+         * nothing: this read opens and closes a descriptor of its own. */
+        mr_statm own;
+        mr_statm_init(&own);
+        err = statm_read_locked(&own, generation, out);
+        statm_close_locked(&own); /* an unparsable read returns with it open */
+        return err;
+    }
+    (void)pthread_mutex_lock(&statm_lock);
+    /* Read the generation again under the lock: a fork in between bumped it in the child. */
+    err = statm_read_locked(statm, mr_fork_generation(), out);
+    (void)pthread_mutex_unlock(&statm_lock);
+    return err;
+}
+
+void mr_statm_close(mr_statm *statm)
+{
+    if (mr_fork_generation() == 0) {
+        statm_close_locked(statm); /* never kept open: nothing shared, no lock taken */
+        return;
+    }
+    (void)pthread_mutex_lock(&statm_lock);
+    statm_close_locked(statm);
+    (void)pthread_mutex_unlock(&statm_lock);
 }
 
 /* The fields we take from /proc/self/status, in the order of mr_status. */
