@@ -685,7 +685,7 @@ def _pool_reclaimable() -> int | None:
     if not pool_reclaim_status()["enabled"]:
         return None
     try:
-        return estimate_pool_reclaim().bytes_released
+        return estimate_pool_reclaim()
     except PoolReclaimUnavailable:
         return None
 
