@@ -244,4 +244,3 @@ def test_units() -> None:
             memreclaim.parse_bytes(wrong)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         memreclaim.format_bytes("1")  # type: ignore[arg-type]
-

@@ -321,6 +321,7 @@ static PyObject *mrp_status(PyObject *module, PyObject *Py_UNUSED(ignored))
         dict_set(dict, "last_reclaim_ns", PyLong_FromLongLong(mrp_proc.last_ns)) < 0 ||
         dict_set(dict, "total_reclaim_ns", PyLong_FromLongLong(mrp_proc.total_ns)) < 0 ||
         dict_set(dict, "max_hold_ns", PyLong_FromLongLong(mrp_proc.max_hold_ns)) < 0 ||
+        dict_set(dict, "max_hold_cpu_ns", PyLong_FromLongLong(mrp_proc.max_hold_cpu_ns)) < 0 ||
         dict_set(dict, "self_test_pools_released",
                  PyLong_FromLongLong(mrp_proc.selftest_pools_released)) < 0) {
         Py_DECREF(dict);
@@ -352,6 +353,9 @@ static int capi_reclaim(mr_pools_result *out)
         mrp_proc.total_ns += pass.elapsed_ns;
         if (pass.max_hold_ns > mrp_proc.max_hold_ns) {
             mrp_proc.max_hold_ns = pass.max_hold_ns;
+        }
+        if (pass.max_hold_cpu_ns > mrp_proc.max_hold_cpu_ns) {
+            mrp_proc.max_hold_cpu_ns = pass.max_hold_cpu_ns;
         }
     }
     if (rc < 0) {

@@ -56,7 +56,8 @@ typedef struct {
     long long arenas_skipped;
     long long last_ns;
     long long total_ns;
-    long long max_hold_ns; /* longest single GIL hold of any slice */
+    long long max_hold_ns;     /* longest single GIL hold of any slice */
+    long long max_hold_cpu_ns; /* the same in this thread's CPU time (no preemption) */
     long long selftest_pools_released;
 } mrp_process;
 
@@ -88,7 +89,8 @@ typedef struct {
     long long arenas_scanned;
     long long arenas_skipped;
     long long slices;
-    long long max_hold_ns; /* longest slice */
+    long long max_hold_ns;     /* longest slice, wall clock (preemption included) */
+    long long max_hold_cpu_ns; /* longest slice, this thread's CPU time */
     long long elapsed_ns;
 } mrp_pass;
 
@@ -100,6 +102,7 @@ typedef int (*mrp_gate_fn)(void);
  * With dry_run, nothing is written. Returns 0, or -1 with an exception set by gate(). */
 int mrp_run_pass(int dry_run, long long slice_ns, mrp_gate_fn gate, mrp_pass *pass);
 long long mrp_now_ns(void);
+long long mrp_thread_cpu_ns(void);
 
 /* ---- _pools_selftest.c -------------------------------------------------------------------- */
 

@@ -29,6 +29,13 @@ long long mrp_now_ns(void)
  * the clock passes deadline (< 0: none). Returns 0 when done, 1 when stopped at the deadline
  * (the next slice validates the arena again and goes on: released pools are no longer
  * resident), or -1 when the arena was left untouched. Called with the GIL held. */
+long long mrp_thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static int reclaim_arena(uintptr_t base, int dry_run, long long deadline, mrp_pass *pass)
 {
     unsigned char resident[MRP_ARENA_PAGES];
@@ -97,6 +104,7 @@ int mrp_run_pass(int dry_run, long long slice_ns, mrp_gate_fn gate, mrp_pass *pa
             return -1;
         }
         long long slice_start = mrp_now_ns(), now = slice_start;
+        long long cpu_start = mrp_thread_cpu_ns();
         pass->slices++;
         do {
             uintptr_t base = mrp_table_next(from);
@@ -118,6 +126,10 @@ int mrp_run_pass(int dry_run, long long slice_ns, mrp_gate_fn gate, mrp_pass *pa
         } while (slice_ns < 0 || now - slice_start < slice_ns);
         if (now - slice_start > pass->max_hold_ns) {
             pass->max_hold_ns = now - slice_start;
+        }
+        long long cpu = mrp_thread_cpu_ns() - cpu_start;
+        if (cpu > pass->max_hold_cpu_ns) {
+            pass->max_hold_cpu_ns = cpu;
         }
     }
     pass->elapsed_ns = mrp_now_ns() - start;

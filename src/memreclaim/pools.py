@@ -55,7 +55,9 @@ class PoolReclaimStatus(TypedDict):
     total_reclaim_ns: int
     """Duration of the last pass and of all passes, GIL releases included, in nanoseconds."""
     max_hold_ns: int
-    """Longest single GIL hold of any pass slice, in nanoseconds."""
+    """Longest single GIL hold of any pass slice, wall clock (preemption included), in ns."""
+    max_hold_cpu_ns: int
+    """The same slice measured in the thread's CPU time: the work, without preemption."""
     self_test_pools_released: int
 
 
