@@ -45,7 +45,7 @@ typedef struct {
 } child;
 
 static _Noreturn void child_exit(child *c, int ok, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4), noreturn));
 
 static _Noreturn void child_exit(child *c, int ok, const char *fmt, ...)
 {
