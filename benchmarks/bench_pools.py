@@ -311,31 +311,32 @@ def main() -> None:
                 f"{mib(median_of(runs, 'arenas_tracked') * 64 * 4096)} MiB."
             )
     out += ["", "Pool reclaim cost (median):", "", *details, ""]
-    load = os.getloadavg()
-    out += [
-        "## GIL hold during a full pass",
-        "",
-        "Another thread sleeps 1 ms in a loop; its longest late wake-up while "
-        "`trim(pools=True)` runs is the longest time it waited for the GIL. `idle` is the same "
-        "thread over the same time with nothing running (the machine's noise). Median of "
-        f"{args.runs} fresh processes; load average at the end: "
-        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs.",
-        "",
-        "| dicts | pass | longest hold, wall | longest hold, CPU | longest wake-up gap "
-        "| idle gap | pools |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for n in HOLD_SIZES if args.hold else []:
-        runs = [hold_once(n) for _ in range(args.runs)]
-        out.append(
-            f"| {n:,} | {statistics.median(r['elapsed'] for r in runs) * 1e3:.0f} ms "
-            f"| {statistics.median(r['max_hold_ns'] for r in runs) / 1e6:.1f} ms "
-            f"| {statistics.median(r['max_hold_cpu_ns'] for r in runs) / 1e6:.1f} ms "
-            f"| {statistics.median(r['max_gap'] for r in runs) * 1e3:.1f} ms "
-            f"| {statistics.median(r['idle_gap'] for r in runs) * 1e3:.1f} ms "
-            f"| {statistics.median(r['released'] for r in runs):.0f} |"
-        )
-        print(out[-1], file=sys.stderr)
+    if args.hold:
+        load = os.getloadavg()
+        out += [
+            "## GIL hold during a full pass",
+            "",
+            "Another thread sleeps 1 ms in a loop; its longest late wake-up while "
+            "`trim(pools=True)` runs is the longest time it waited for the GIL. `idle` is the same "
+            "thread over the same time with nothing running (the machine's noise). Median of "
+            f"{args.runs} fresh processes; load average at the end: "
+            f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs.",
+            "",
+            "| dicts | pass | longest hold, wall | longest hold, CPU | longest wake-up gap "
+            "| idle gap | pools |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for n in HOLD_SIZES:
+            runs = [hold_once(n) for _ in range(args.runs)]
+            out.append(
+                f"| {n:,} | {statistics.median(r['elapsed'] for r in runs) * 1e3:.0f} ms "
+                f"| {statistics.median(r['max_hold_ns'] for r in runs) / 1e6:.1f} ms "
+                f"| {statistics.median(r['max_hold_cpu_ns'] for r in runs) / 1e6:.1f} ms "
+                f"| {statistics.median(r['max_gap'] for r in runs) * 1e3:.1f} ms "
+                f"| {statistics.median(r['idle_gap'] for r in runs) * 1e3:.1f} ms "
+                f"| {statistics.median(r['released'] for r in runs):.0f} |"
+            )
+            print(out[-1], file=sys.stderr)
     out.append("")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(out))
