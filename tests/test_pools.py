@@ -223,6 +223,7 @@ reclaim()  # first call outside the measurements
 survivors = []
 ok = True
 deltas = []
+per_round = []
 for rnd in range(ROUNDS):
     items = batch(60_000)
     # Per kind: none survive (whole pools empty out) or a few (pools pinned).
@@ -230,8 +231,9 @@ for rnd in range(ROUNDS):
     survivors.extend(it for it in items if rng.random() < rates[it[0][0]])
     del items
     gc.collect()
-    # Minus a call with nothing left to release: the ctypes call's own blocks cancel out.
-    deltas.append(blocks_delta(reclaim) - blocks_delta(reclaim))
+    releasing = blocks_delta(reclaim)
+    per_round.append(out.pools_released)
+    deltas.append(releasing - blocks_delta(reclaim))  # minus a call with nothing to release
     ok = ok and verify(survivors)
     fresh = batch(40_000)  # re-allocate into the released pools
     ok = ok and verify(fresh) and verify(survivors)
@@ -241,7 +243,7 @@ for rnd in range(ROUNDS):
         del survivors[10_000:]
 memreclaim.trim(pools=True)  # and the public path too
 st = pools.pool_reclaim_status()
-emit(ok=ok, deltas=deltas, released=st["pools_released"], skipped=st["arenas_skipped"])
+emit(ok=ok, deltas=deltas, per_round=per_round, released=st["pools_released"], skipped=st["arenas_skipped"])
 """
 
 
@@ -265,12 +267,14 @@ def test_torture(run_python: RunPython, label: str, env: dict[str, str], rounds:
         timeout=840,
     )
     assert result["ok"], result
-    # A release must not change pymalloc's allocated block count. Measured through ctypes, a
-    # releasing call reads one block more than a call with nothing to release, with the 0.1.0
-    # implementation too (which read 0 through a direct C method): ctypes' own, not a leak
-    # (it does not grow with the number of pools released).
+    # A release must not change pymalloc's allocated block count. Measured through the ctypes
+    # call, a releasing call reads a constant 1 (3.11-3.13) or 2 (3.14) blocks more than a call
+    # with nothing to release, the same with the 0.1.0 implementation (which read 0 through a
+    # direct C method): the measurement's own. What must hold is that it does not depend on how
+    # many pools were released, which differs from round to round.
     assert len(result["deltas"]) == rounds, result
-    assert all(0 <= delta <= 1 for delta in result["deltas"]), result
+    assert len(set(result["per_round"])) > 1, result
+    assert len(set(result["deltas"])) == 1 and 0 <= result["deltas"][0] <= 2, result
     assert result["skipped"] == 0, result
     assert result["released"] > 100, result
 
