@@ -243,7 +243,8 @@ for rnd in range(ROUNDS):
         del survivors[10_000:]
 memreclaim.trim(pools=True)  # and the public path too
 st = pools.pool_reclaim_status()
-emit(ok=ok, deltas=deltas, per_round=per_round, released=st["pools_released"], skipped=st["arenas_skipped"])
+emit(ok=ok, deltas=deltas, per_round=per_round, released=st["pools_released"],
+     skipped=st["arenas_skipped"])
 """
 
 
