@@ -20,20 +20,30 @@ core = Extension(
 )
 
 # Pool reclaim uses the arena-allocator API, which is outside the limited API: its own module,
-# Linux only (mincore, madvise, dladdr), never an abi3 build. It is built only where its version
-# allow-list can pass (CPython 3.11); elsewhere memreclaim.pools reports it unavailable.
+# Linux only (mincore, madvise, dladdr), never an abi3 build, built for each CPython from 3.11
+# (the module refuses, with the reason, builds whose pymalloc layout it does not know).
 pools = Extension(
     "memreclaim._pools",
-    sources=["src/memreclaim/_pools.c"],
-    depends=["src/memreclaim/memreclaim.h"],
-    libraries=["dl"],
+    sources=[
+        "src/memreclaim/_pools.c",
+        "src/memreclaim/_pools_table.c",
+        "src/memreclaim/_pools_validate.c",
+        "src/memreclaim/_pools_reclaim.c",
+        "src/memreclaim/_pools_selftest.c",
+    ],
+    depends=[
+        "src/memreclaim/memreclaim.h",
+        "src/memreclaim/_pools.h",
+        "src/memreclaim/_pools_layout.h",
+    ],
+    libraries=["dl", "pthread"],
     extra_compile_args=["-std=c11", "-Wall", "-Wextra"],
 )
 
 with_pools = (
     sys.platform.startswith("linux")
     and sys.implementation.name == "cpython"
-    and sys.version_info[:2] == (3, 11)
+    and sys.version_info[:2] >= (3, 11)
 )
 
 setup(

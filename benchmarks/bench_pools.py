@@ -7,7 +7,7 @@ Workloads (each in a fresh interpreter, so nothing else shares the heap):
 Scenarios:
   default            nothing after gc.collect()
   malloc_trim        glibc malloc_trim(0) (memreclaim.trim() when the core is built)
-  trim+pools         memreclaim pool reclaim (enabled at start-up), then malloc_trim(0)
+  trim+pools         memreclaim.trim(pools=True) (pool reclaim enabled at start-up)
   PYTHONMALLOC=malloc+trim   pymalloc off, every object from glibc malloc, then malloc_trim(0)
   jemalloc / mimalloc / tcmalloc   LD_PRELOAD, then the allocator's own purge call
 
@@ -102,26 +102,13 @@ CHILD = textwrap.dedent(
     if scenario in ("malloc_trim", "PYTHONMALLOC=malloc+trim"):
         how = trim()
     elif scenario == "trim+pools":
-        r = pools.reclaim_pools()
-        # the budgeted form: the worst single call with 10 arenas per call (nothing left to do,
-        # so this is the scan cost) is measured after the real work
-        extra.update(pools_released=r.pools_released, bytes_released=r.bytes_released,
-                     arenas_scanned=r.arenas_scanned, arenas_skipped=r.arenas_skipped,
-                     reclaim_ns=r.elapsed_ns)
-        how = "reclaim_pools() + " + trim()
-        idle = pools.reclaim_pools()
-        extra["idle_reclaim_ns"] = idle.elapsed_ns
-        extra["arenas_tracked"] = pools.pool_reclaim_status()["arenas_tracked"]
-    elif scenario == "trim+pools/budget=10":
-        calls, worst, released = 0, 0, 0
-        while True:
-            r = pools.reclaim_pools(10)
-            calls, worst = calls + 1, max(worst, r.elapsed_ns)
-            released += r.pools_released
-            if r.complete:
-                break
-        extra.update(calls=calls, worst_call_ns=worst, pools_released=released)
-        how = f"{calls} x reclaim_pools(10) + " + trim()
+        trim()
+        r = memreclaim.trim(pools=True)
+        st = pools.pool_reclaim_status()
+        extra.update(pools_released=r.pools_released, bytes_released=r.pools_bytes,
+                     arenas_skipped=st["arenas_skipped"], reclaim_ns=st["last_reclaim_ns"],
+                     max_hold_ns=st["max_hold_ns"], arenas_tracked=st["arenas_tracked"])
+        how = "memreclaim.trim() + memreclaim.trim(pools=True)"
     elif scenario in ("jemalloc", "mimalloc", "tcmalloc"):
         how = purge_preloaded()
     final = rss()
@@ -135,7 +122,6 @@ SCENARIOS = [
     "default",
     "malloc_trim",
     "trim+pools",
-    "trim+pools/budget=10",
     "PYTHONMALLOC=malloc+trim",
     "jemalloc",
     "mimalloc",
@@ -143,12 +129,80 @@ SCENARIOS = [
 ]
 WORKLOADS = ["dict-all", "dict-keep1000"]
 
+# The longest GIL hold of a full pass, seen by another thread: it sleeps 1 ms in a loop and
+# records how late each wake-up is (a wake-up needs the GIL). Measured while trim(pools=True)
+# runs, and over the same time with no reclaim (the machine's own noise).
+HOLD_CHILD = textwrap.dedent(
+    """
+    import gc, json, sys, threading, time
+    import memreclaim
+    from memreclaim import pools
+
+    n = int(sys.argv[1])
+    pools.enable_pool_reclaim()
+    d = {i: {} for i in range(n)}
+    keep = [d[i] for i in range(0, n, 1000)]
+    del d
+    gc.collect()
+    memreclaim.trim()
+
+    def watch(until):
+        gaps = []
+        def ticker():
+            last = time.perf_counter()
+            while not until.is_set():
+                time.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append(now - last - 0.001)
+                last = now
+        t = threading.Thread(target=ticker)
+        t.start()
+        return t, gaps
+
+    stop = threading.Event()
+    t, gaps = watch(until=stop)
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    r = memreclaim.trim(pools=True)
+    elapsed = time.perf_counter() - t0
+    time.sleep(0.01)
+    stop.set()
+    t.join()
+    quiet = threading.Event()
+    t, idle_gaps = watch(until=quiet)
+    time.sleep(elapsed + 0.06)
+    quiet.set()
+    t.join()
+    st = pools.pool_reclaim_status()
+    assert all(k == {} for k in keep)
+    print("RESULT " + json.dumps(dict(max_gap=max(gaps), idle_gap=max(idle_gaps),
+                                      elapsed=elapsed, max_hold_ns=st["max_hold_ns"],
+                                      max_hold_cpu_ns=st["max_hold_cpu_ns"],
+                                      released=r.pools_released)))
+    """
+)
+HOLD_SIZES = [1_000_000, 4_000_000]
+
+
+def hold_once(n: int) -> dict[str, float]:
+    proc = subprocess.run(
+        [sys.executable, "-c", HOLD_CHILD, str(n)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"GIL hold at {n} failed:\n{proc.stdout}\n{proc.stderr}")
+    result: dict[str, float] = json.loads(lines[-1][len("RESULT ") :])
+    return result
+
 
 def run_once(scenario: str, workload: str) -> dict[str, object] | None:
     env = dict(os.environ)
     env.pop("PYTHONMALLOC", None)
     env.pop("LD_PRELOAD", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *[p for p in sys.path if p]])
     if scenario == "PYTHONMALLOC=malloc+trim":
         env["PYTHONMALLOC"] = "malloc"
     if scenario in PRELOADS:
@@ -188,8 +242,19 @@ def glibc_version() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--no-hold", dest="hold", action="store_false", help="skip the GIL-hold measurement"
+    )
+    parser.add_argument(
+        "--hold-only", action="store_true", help="only the GIL-hold measurement (printed)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "pools.md")
     args = parser.parse_args()
+    if args.hold_only:
+        for n in HOLD_SIZES:
+            for _ in range(args.runs):
+                print(n, json.dumps(hold_once(n)), flush=True)
+        return
 
     rows = []
     for workload in WORKLOADS:
@@ -236,23 +301,43 @@ def main() -> None:
         )
         if scenario == "trim+pools":
             details.append(
-                f"- {workload}: {median_of(runs, 'pools_released'):.0f} pools released in "
-                f"{median_of(runs, 'arenas_scanned'):.0f} arenas "
+                f"- {workload}: {median_of(runs, 'pools_released'):.0f} pools released "
                 f"({mib(median_of(runs, 'bytes_released'))} MiB madvised, "
-                f"{median_of(runs, 'arenas_skipped'):.0f} skipped); the releasing call held the "
-                f"GIL {median_of(runs, 'reclaim_ns') / 1e6:.1f} ms, a call with nothing to do "
-                f"{median_of(runs, 'idle_reclaim_ns') / 1e6:.2f} ms; enable() with its forked "
+                f"{median_of(runs, 'arenas_skipped'):.0f} arenas skipped); the pass took "
+                f"{median_of(runs, 'reclaim_ns') / 1e6:.1f} ms, its longest GIL hold "
+                f"{median_of(runs, 'max_hold_ns') / 1e6:.1f} ms; enable() with its forked "
                 f"self-test took {median_of(runs, 'enable_ns') / 1e6:.1f} ms. Header pages kept: "
                 f"at most {median_of(runs, 'arenas_tracked'):.0f} arenas x 64 pools x 4 KiB = "
                 f"{mib(median_of(runs, 'arenas_tracked') * 64 * 4096)} MiB."
             )
-        if scenario == "trim+pools/budget=10":
-            details.append(
-                f"- {workload}, budget 10 arenas per call: {median_of(runs, 'calls'):.0f} calls, "
-                f"the longest held the GIL {median_of(runs, 'worst_call_ns') / 1e6:.2f} ms "
-                f"({median_of(runs, 'pools_released'):.0f} pools released in all)."
-            )
     out += ["", "Pool reclaim cost (median):", "", *details, ""]
+    if args.hold:
+        load = os.getloadavg()
+        out += [
+            "## GIL hold during a full pass",
+            "",
+            "Another thread sleeps 1 ms in a loop; its longest late wake-up while "
+            "`trim(pools=True)` runs is the longest time it waited for the GIL. `idle` is the same "
+            "thread over the same time with nothing running (the machine's noise). Median of "
+            f"{args.runs} fresh processes; load average at the end: "
+            f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs.",
+            "",
+            "| dicts | pass | longest hold, wall | longest hold, CPU | longest wake-up gap "
+            "| idle gap | pools |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for n in HOLD_SIZES:
+            runs = [hold_once(n) for _ in range(args.runs)]
+            out.append(
+                f"| {n:,} | {statistics.median(r['elapsed'] for r in runs) * 1e3:.0f} ms "
+                f"| {statistics.median(r['max_hold_ns'] for r in runs) / 1e6:.1f} ms "
+                f"| {statistics.median(r['max_hold_cpu_ns'] for r in runs) / 1e6:.1f} ms "
+                f"| {statistics.median(r['max_gap'] for r in runs) * 1e3:.1f} ms "
+                f"| {statistics.median(r['idle_gap'] for r in runs) * 1e3:.1f} ms "
+                f"| {statistics.median(r['released'] for r in runs):.0f} |"
+            )
+            print(out[-1], file=sys.stderr)
+    out.append("")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(out))
     print("\n".join(out))

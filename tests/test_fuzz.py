@@ -23,7 +23,7 @@ FUZZ = Path(__file__).resolve().parent / "stress" / "fuzz_surface.py"
 try:
     import memreclaim._pools  # noqa: F401
 
-    POOLS = 4
+    POOLS = 3
 except ImportError:
     POOLS = 0
 FUNCTIONS = 15 + POOLS  # the public calls fuzz_surface.py covers (+ memreclaim._pools's)

@@ -1,199 +1,153 @@
-"""Tests of memreclaim._pools (empty pymalloc pool reclaim).
+"""Tests of pool reclaim (memreclaim._pools, reached through ``memreclaim.trim(pools=True)``).
 
 Every test that enables the feature or measures memory runs in a fresh interpreter
-(``sys.executable -c ...``): enabling installs a process-wide arena-allocator wrapper, and RSS
-figures are only meaningful in a process that did nothing else.
+(``run_python``): enabling installs a process-wide arena-allocator wrapper, and RSS figures are
+only meaningful in a process that did nothing else.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import subprocess
 import sys
-import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-IS_LINUX_CPYTHON_311 = (
-    sys.platform.startswith("linux")
-    and platform.python_implementation() == "CPython"
-    and sys.version_info[:2] == (3, 11)
+from memreclaim import pools
+
+try:
+    from memreclaim import _pools
+except ImportError:  # pragma: no cover - not built for this platform or interpreter
+    _pools = None  # type: ignore[assignment]
+
+STATUS = pools.pool_reclaim_status()
+# The one reason pool reclaim cannot work here, whatever enable() is asked (None: it can).
+STATIC_REASON = None if STATUS["available"] else STATUS["reason"]
+
+needs_pools = pytest.mark.skipif(
+    STATIC_REASON is not None, reason=f"pool reclaim is unavailable here: {STATIC_REASON}"
 )
 
-pytestmark = pytest.mark.skipif(
-    not IS_LINUX_CPYTHON_311,
-    reason="pool reclaim is implemented for CPython 3.11 on Linux only",
-)
+RunPython = Callable[..., dict[str, Any]]
 
-if IS_LINUX_CPYTHON_311:
-    # On the supported platform the module must build and import: a failure here is a failure.
-    from memreclaim import _pools, pools
+# Helpers prepended to child scripts (after conftest's PRELUDE).
+HELPERS = """
+from memreclaim import pools
 
-    TESTED = platform.python_version() in _pools.TESTED_VERSIONS
-else:  # pragma: no cover
-    TESTED = False
-
-needs_tested_version = pytest.mark.skipif(
-    not TESTED, reason=f"CPython {platform.python_version()} is not on the tested allow-list"
-)
-
-# Helpers pasted into every child script.
-PRELUDE = textwrap.dedent(
-    """
-    import ctypes, gc, json, sys
-    import memreclaim
-    from memreclaim import _pools, pools
-
-    def rss():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
-
-    def malloc_trim():
-        # the core's plain trim(): malloc_trim(0) on glibc
-        memreclaim.trim()
-
-    def report(**values):
-        print("RESULT " + json.dumps(values))
-    """
-)
-
-
-def run_child(
-    *parts: str,
-    env: dict[str, str] | None = None,
-    args: tuple[str, ...] = (),
-    timeout: float = 240,
-) -> dict[str, Any]:
-    """Run PRELUDE + parts in a fresh interpreter; return what it passed to report()."""
-    code = "".join(textwrap.dedent(part) for part in parts)
-    child_env = dict(os.environ)
-    child_env.pop("PYTHONMALLOC", None)
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    if env:
-        child_env.update(env)
-    proc = subprocess.run(
-        [sys.executable, *args, "-c", PRELUDE + code],
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert proc.returncode == 0, (
-        f"child exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"child reported nothing\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
-    return result
-
+def rss():
+    return statm()[0]
+"""
 
 DICT_WORKLOAD = """
-    d = {i: {} for i in range(1_000_000)}
-    keep = [d[i] for i in range(0, 1_000_000, 1000)]
-    for k in keep:
-        k["alive"] = id(k)
-    del d
-    gc.collect()
-    malloc_trim()
+d = {i: {} for i in range(1_000_000)}
+keep = [d[i] for i in range(0, 1_000_000, 1000)]
+for k in keep:
+    k["alive"] = id(k)
+del d
+gc.collect()
+memreclaim.trim()
 """
 
 
-@needs_tested_version
-def test_dict_workload_gives_back_memory() -> None:
-    result = run_child(
-        "pools.enable_pool_reclaim()\n",
-        DICT_WORKLOAD,
-        """
-        rss_trim = rss()
-        estimate = pools.estimate_pool_reclaim()
-        r = pools.reclaim_pools()
-        malloc_trim()
-        rss_pools = rss()
-        after = pools.estimate_pool_reclaim()
-        intact = all(k == {"alive": id(k)} for k in keep) and len(keep) == 1000
-        report(rss_trim=rss_trim, rss_pools=rss_pools, result=list(r), intact=intact,
-               estimate=list(estimate), after=list(after), status=pools.pool_reclaim_status())
-        """,
-    )
-    pools_released, bytes_released, _scanned, skipped, complete, _ns = result["result"]
-    assert result["intact"]
-    assert complete
-    assert skipped == 0
-    assert pools_released > 1000
-    assert bytes_released > 30 * 2**20
-    assert result["rss_pools"] <= 0.6 * result["rss_trim"], result
-    assert result["status"]["enabled"] is True
-    assert result["status"]["reason"] is None
-    # The dry run predicted the release (give or take a pool or two that the Python code in
-    # between took back from the free-pool list), and finds nothing left afterwards.
-    assert abs(result["estimate"][0] - pools_released) <= 3
-    assert abs(result["estimate"][1] - bytes_released) <= 3 * 12 * 1024
-    assert result["after"][0] <= 3
+def test_status_keys_are_the_typed_dict_keys() -> None:
+    assert set(STATUS) == set(pools.PoolReclaimStatus.__annotations__)
+    if _pools is not None:
+        assert set(_pools.status()) == set(pools.PoolReclaimStatus.__annotations__)
 
 
-@needs_tested_version
-def test_core_trim_with_pools() -> None:
-    result = run_child(
-        "pools.enable_pool_reclaim()\n",
-        DICT_WORKLOAD,
-        """
-        plain = memreclaim.trim()
-        both = memreclaim.trim(pools=True)
-        intact = all(k == {"alive": id(k)} for k in keep)
-        report(plain_after=plain.rss_after, both_after=both.rss_after, intact=intact,
-               pools_released=both.pools_released, pools_bytes=both.pools_bytes,
-               plain_pools=plain.pools_released)
-        """,
+@pytest.mark.skipif(STATIC_REASON is None, reason="pool reclaim is available here")
+def test_unavailable_says_why() -> None:  # pragma: no cover - runs where a gate rules it out
+    assert STATUS["enabled"] is False and STATUS["reason"]
+    with pytest.raises(pools.PoolReclaimUnavailable):
+        pools.enable_pool_reclaim()
+
+
+@needs_pools
+def test_dict_workload_gives_back_memory(run_python: RunPython) -> None:
+    result = run_python(
+        HELPERS
+        + "pools.enable_pool_reclaim()\n"
+        + DICT_WORKLOAD
+        + """
+plain = memreclaim.trim()
+estimate = pools.estimate_pool_reclaim()
+both = memreclaim.trim(pools=True)
+after = pools.estimate_pool_reclaim()
+intact = all(k == {"alive": id(k)} for k in keep) and len(keep) == 1000
+emit(plain_after=plain.rss_after, both_after=both.rss_after, intact=intact,
+     released=both.pools_released, released_bytes=both.pools_bytes,
+     plain_pools=plain.pools_released, estimate=estimate, after=after,
+     status=pools.pool_reclaim_status())
+""",
+        timeout=300,
     )
     assert result["intact"]
     assert result["plain_pools"] == 0
-    assert result["pools_released"] > 1000
-    assert result["pools_bytes"] > 30 * 2**20
+    assert result["released"] > 1000, result
+    assert result["released_bytes"] > 30 * 2**20, result
     assert result["both_after"] <= 0.6 * result["plain_after"], result
+    # The dry run predicted the release (give or take a few pools that the code in between
+    # took back from the free-pool list), and finds next to nothing left afterwards.
+    assert abs(result["estimate"] - result["released_bytes"]) <= 4 * 12 * 1024, result
+    assert result["after"] <= 4 * 12 * 1024, result
+    status = result["status"]
+    assert status["enabled"] is True and status["reason"] is None
+    assert status["reclaim_calls"] == 1 and status["arenas_skipped"] == 0
+    assert status["pools_released"] == result["released"]
+    assert 0 < status["max_hold_ns"] <= status["last_reclaim_ns"]
 
 
-def test_core_trim_with_pools_not_enabled() -> None:
-    result = run_child(
-        """
-        try:
-            memreclaim.trim(pools=True)
-            error = ""
-        except pools.PoolReclaimUnavailable as e:
-            error = str(e)
-        report(error=error)
-        """
-    )
-    assert "not enabled" in result["error"]
+def test_trim_pools_before_enable_raises() -> None:
+    # This test process never enables pool reclaim.
+    with pytest.raises(pools.PoolReclaimUnavailable) as info:
+        import memreclaim
+
+        memreclaim.trim(pools=True)
+    if STATIC_REASON is None:
+        assert "not enabled" in str(info.value)
+    with pytest.raises(pools.PoolReclaimUnavailable):
+        pools.estimate_pool_reclaim()
+    assert issubclass(pools.PoolReclaimUnavailable, RuntimeError)
+    status = pools.pool_reclaim_status()
+    assert status["enabled"] is False and status["reason"]
 
 
-def test_without_enabling_nothing_changes() -> None:
-    result = run_child(
-        """
-        class ArenaAllocator(ctypes.Structure):
-            _fields_ = [("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p),
-                        ("free", ctypes.c_void_p)]
-        def arena_allocator():
-            a = ArenaAllocator()
-            ctypes.pythonapi.PyObject_GetArenaAllocator(ctypes.byref(a))
-            return (a.ctx, a.alloc, a.free)
-        before = arena_allocator()
-        """,
-        DICT_WORKLOAD,
-        """
-        rss_trim = rss()
-        try:
-            pools.reclaim_pools()
-            refused = ""
-        except pools.PoolReclaimUnavailable as e:
-            refused = str(e)
-        malloc_trim()
-        report(rss_trim=rss_trim, rss_after=rss(), refused=refused,
-               same_allocator=arena_allocator() == before, status=pools.pool_reclaim_status())
-        """,
+@needs_pools
+def test_bad_arguments() -> None:
+    with pytest.raises(TypeError):
+        _pools.enable(1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _pools.estimate(1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _pools.status(None)  # type: ignore[call-arg]
+
+
+@needs_pools
+def test_without_enabling_nothing_changes(run_python: RunPython) -> None:
+    result = run_python(
+        HELPERS
+        + """
+import ctypes
+class ArenaAllocator(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p)]
+def arena_allocator():
+    a = ArenaAllocator()
+    ctypes.pythonapi.PyObject_GetArenaAllocator(ctypes.byref(a))
+    return (a.ctx, a.alloc, a.free)
+before = arena_allocator()
+"""
+        + DICT_WORKLOAD
+        + """
+rss_trim = rss()
+try:
+    memreclaim.trim(pools=True)
+    refused = ""
+except pools.PoolReclaimUnavailable as e:
+    refused = str(e)
+memreclaim.trim()
+emit(rss_trim=rss_trim, rss_after=rss(), refused=refused,
+     same_allocator=arena_allocator() == before, status=pools.pool_reclaim_status())
+"""
     )
     assert "not enabled" in result["refused"]
     assert result["same_allocator"]
@@ -204,254 +158,259 @@ def test_without_enabling_nothing_changes() -> None:
     assert abs(result["rss_after"] - result["rss_trim"]) < 2 * 2**20, result
 
 
+CAPSULE = """
+import ctypes
+from memreclaim import _pools
+class Result(ctypes.Structure):
+    _fields_ = [("pools_released", ctypes.c_longlong), ("bytes_released", ctypes.c_longlong)]
+RECLAIM = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.POINTER(Result))
+class CAPI(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_int), ("reclaim", RECLAIM)]
+get = ctypes.pythonapi.PyCapsule_GetPointer
+get.restype = ctypes.c_void_p
+get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+capi = CAPI.from_address(get(_pools._C_API, b"memreclaim._pools._C_API"))
+out = Result()
+"""
+
 TORTURE = """
-    import random
+import random
+rng = random.Random(SEED)
+gc.disable()  # collections happen where this script says, not inside a measurement
 
-    rng = random.Random(int(sys.argv[1]))
-    gc.disable()  # collections happen where this script says, not inside a measurement
+def make(kind, i, n):
+    # Deterministic objects of many pymalloc size classes (all <= 512 bytes).
+    if kind == 0:
+        return (i.to_bytes(4, "little") * (n // 4 + 1))[:n]
+    if kind == 1:
+        return tuple(range(i, i + n % 60))
+    if kind == 2:
+        return {j: i for j in range(n % 6)}
+    if kind == 3:
+        return [i] * (n % 50)
+    if kind == 4:
+        return float(i) + n / 7
+    return "s%d-" % i + "x" * (n % 400)
 
-    def make(kind, i, n):
-        # Deterministic objects of many pymalloc size classes (all <= 512 bytes).
-        if kind == 0:
-            return (i.to_bytes(4, "little") * (n // 4 + 1))[:n]
-        if kind == 1:
-            return tuple(range(i, i + n % 60))
-        if kind == 2:
-            return {j: i for j in range(n % 6)}
-        if kind == 3:
-            return [i] * (n % 50)
-        if kind == 4:
-            return float(i) + n / 7
-        return "s%d-" % i + "x" * (n % 400)
+def batch(count):
+    items = []
+    for _ in range(count):
+        key = (rng.randrange(6), rng.randrange(10**6), rng.randrange(1, 470))
+        items.append((key, make(*key)))
+    return items
 
-    def batch(count):
-        items = []
-        for _ in range(count):
-            key = (rng.randrange(6), rng.randrange(10**6), rng.randrange(1, 470))
-            items.append((key, make(*key)))
-        return items
+def verify(items):
+    return all(obj == make(*key) for key, obj in items)
 
-    def blocks_delta(call):
-        gab = sys.getallocatedblocks
-        control0 = gab(); control1 = gab()
-        base = control1 - control0  # the int holding control0 is itself a block
-        before = gab()
-        call()
-        after = gab()
-        return after - before - base
+CAPSULE
+def reclaim():
+    # What trim(pools=True) calls, without the figures trim() builds: floats and tuples kept
+    # on CPython's free lists would blur the allocated-block count.
+    assert capi.reclaim(out_ref) == 0
 
-    def verify(items):
-        return all(obj == make(*key) for key, obj in items)
+def blocks_delta(call):
+    gab = sys.getallocatedblocks
+    control0 = gab(); control1 = gab()
+    base = control1 - control0  # the int holding control0 is itself a block
+    before = gab()
+    call()
+    after = gab()
+    return after - before - base
 
-    survivors = []
-    ok = True
-    deltas = []
-    for rnd in range(ROUNDS):
-        items = batch(60_000)
-        # Per kind: none survive (whole pools empty out) or a few (pools pinned).
-        rates = [rng.choice([0.0, 0.0, 0.002, 0.01, 0.05]) for _ in range(6)]
-        survivors.extend(it for it in items if rng.random() < rates[it[0][0]])
-        del items
-        gc.collect()
-        budget = rng.choice([None, None, 1, 3, 10])
-        def call():
-            # Results are dropped at once: nothing this loop allocates outlives it.
-            while not _pools.reclaim(budget)[4]:
-                pass
-
-        delta = blocks_delta(call)
-        deltas.append(delta)
-        ok = ok and verify(survivors)
-        fresh = batch(40_000)  # re-allocate into the released pools
-        ok = ok and verify(fresh) and verify(survivors)
-        del fresh
-        if len(survivors) > 20_000:
-            rng.shuffle(survivors)
-            del survivors[10_000:]
-    st = pools.pool_reclaim_status()
-    report(ok=ok, deltas=deltas, released=st["pools_released"],
-           skipped=st["arenas_skipped"], survivors=len(survivors))
+pools.enable_pool_reclaim()
+out_ref = ctypes.byref(out)
+reclaim()  # first call outside the measurements
+survivors = []
+ok = True
+deltas = []
+per_round = []
+for rnd in range(ROUNDS):
+    items = batch(60_000)
+    # Per kind: none survive (whole pools empty out) or a few (pools pinned).
+    rates = [rng.choice([0.0, 0.0, 0.002, 0.01, 0.05]) for _ in range(6)]
+    survivors.extend(it for it in items if rng.random() < rates[it[0][0]])
+    del items
+    gc.collect()
+    releasing = blocks_delta(reclaim)
+    per_round.append(out.pools_released)
+    deltas.append(releasing - blocks_delta(reclaim))  # minus a call with nothing to release
+    ok = ok and verify(survivors)
+    fresh = batch(40_000)  # re-allocate into the released pools
+    ok = ok and verify(fresh) and verify(survivors)
+    del fresh
+    if len(survivors) > 20_000:
+        rng.shuffle(survivors)
+        del survivors[10_000:]
+memreclaim.trim(pools=True)  # and the public path too
+st = pools.pool_reclaim_status()
+emit(ok=ok, deltas=deltas, per_round=per_round, released=st["pools_released"],
+     skipped=st["arenas_skipped"])
 """
 
 
-@needs_tested_version
+@needs_pools
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize(
-    ("label", "env", "args"),
+    ("label", "env", "rounds"),
     [
-        ("pymalloc", {}, ()),
-        ("pymalloc_debug", {"PYTHONMALLOC": "pymalloc_debug"}, ()),
-        ("tracemalloc", {}, ("-X", "tracemalloc")),
+        ("pymalloc", {}, 6),
+        ("pymalloc_debug", {"PYTHONMALLOC": "pymalloc_debug"}, 4),
+        ("tracemalloc", {"PYTHONTRACEMALLOC": "1"}, 3),  # several times slower per object
     ],
 )
-def test_torture(label: str, env: dict[str, str], args: tuple[str, ...]) -> None:
-    seed = str(sum(map(ord, label)))
-    result = run_child(
-        "pools.enable_pool_reclaim()\nROUNDS = 6\n",
-        TORTURE.replace("int(sys.argv[1])", seed),
+def test_torture(run_python: RunPython, label: str, env: dict[str, str], rounds: int) -> None:
+    seed = sum(map(ord, label))
+    print(f"torture seed {seed}")
+    result = run_python(
+        HELPERS + TORTURE.replace("CAPSULE", CAPSULE),
         env=env,
-        args=args,
+        params={"SEED": seed, "ROUNDS": rounds},
+        timeout=840,
     )
     assert result["ok"], result
-    assert result["deltas"] == [0] * 6, result
+    # A release must not change pymalloc's allocated block count. Measured through the ctypes
+    # call, a releasing call reads a constant 1 (3.11-3.13) or 2 (3.14) blocks more than a call
+    # with nothing to release, the same with the 0.1.0 implementation (which read 0 through a
+    # direct C method): the measurement's own. What must hold is that it does not depend on how
+    # many pools were released, which differs from round to round.
+    assert len(result["deltas"]) == rounds, result
+    assert len(set(result["per_round"])) > 1, result
+    assert len(set(result["deltas"])) == 1 and 0 <= result["deltas"][0] <= 2, result
     assert result["skipped"] == 0, result
     assert result["released"] > 100, result
 
 
-def test_pythonmalloc_malloc_is_refused() -> None:
-    result = run_child(
-        """
-        try:
-            pools.enable_pool_reclaim()
-            refused = ""
-        except pools.PoolReclaimUnavailable as e:
-            refused = str(e)
-        report(refused=refused, status=pools.pool_reclaim_status())
-        """,
-        env={"PYTHONMALLOC": "malloc"},
+@pytest.mark.parametrize("allocator", ["malloc", "malloc_debug"])
+def test_pymalloc_off_is_refused(run_python: RunPython, allocator: str) -> None:
+    result = run_python(
+        HELPERS
+        + """
+try:
+    pools.enable_pool_reclaim()
+    refused = ""
+except pools.PoolReclaimUnavailable as e:
+    refused = str(e)
+emit(refused=refused, status=pools.pool_reclaim_status())
+""",
+        env={"PYTHONMALLOC": allocator},
     )
     reason = result["refused"]
-    if TESTED:
-        assert "pymalloc is not active" in reason and "malloc" in reason
     assert reason
+    if STATIC_REASON is None:
+        assert "pymalloc is not active" in reason and allocator in reason
     assert result["status"]["enabled"] is False
     assert result["status"]["reason"] == reason
 
 
-@needs_tested_version
-def test_replaced_arena_allocator_disables() -> None:
-    result = run_child(
-        """
-        class ArenaAllocator(ctypes.Structure):
-            _fields_ = [("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p),
-                        ("free", ctypes.c_void_p)]
-        cpython_default = ArenaAllocator()
-        ctypes.pythonapi.PyObject_GetArenaAllocator(ctypes.byref(cpython_default))
-        pools.enable_pool_reclaim()
-        first = list(pools.reclaim_pools())
-        ctypes.pythonapi.PyObject_SetArenaAllocator(ctypes.byref(cpython_default))
-        errors = []
-        for _ in range(2):
-            try:
-                pools.reclaim_pools()
-                errors.append("")
-            except pools.PoolReclaimUnavailable as e:
-                errors.append(str(e))
-        try:
-            pools.enable_pool_reclaim()
-            errors.append("")
-        except pools.PoolReclaimUnavailable as e:
-            errors.append(str(e))
-        report(first=first, errors=errors, status=pools.pool_reclaim_status())
-        """
+@needs_pools
+def test_replaced_arena_allocator_disables(run_python: RunPython) -> None:
+    result = run_python(
+        HELPERS
+        + """
+import ctypes
+class ArenaAllocator(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p)]
+cpython_default = ArenaAllocator()
+ctypes.pythonapi.PyObject_GetArenaAllocator(ctypes.byref(cpython_default))
+pools.enable_pool_reclaim()
+first = memreclaim.trim(pools=True).pools_released
+ctypes.pythonapi.PyObject_SetArenaAllocator(ctypes.byref(cpython_default))
+errors = []
+for call in (lambda: memreclaim.trim(pools=True), pools.estimate_pool_reclaim,
+             pools.enable_pool_reclaim):
+    try:
+        call()
+        errors.append("")
+    except pools.PoolReclaimUnavailable as e:
+        errors.append(str(e))
+emit(first=first, errors=errors, status=pools.pool_reclaim_status())
+"""
     )
     assert all("arena allocator was replaced" in e for e in result["errors"]), result
     assert result["status"]["enabled"] is False
     assert "arena allocator was replaced" in result["status"]["reason"]
 
 
-@needs_tested_version
-def test_frame_stack_chunk_is_left_untouched() -> None:
-    # 3.11 gives a frame of ~70,000 locals a 1 MiB data-stack chunk from the arena allocator.
-    # It is not a pymalloc arena: it must be ignored, and the frame's locals must survive.
-    result = run_child(
-        """
-        pools.enable_pool_reclaim()
-        n = 70_000
-        src = ("def f(reclaim):\\n"
-               + "".join(f"    v{i} = {i} * 1000003 + 7\\n" for i in range(n))
-               + "    r = reclaim()\\n"
-               + "    return r, [" + ", ".join(f"v{i}" for i in range(n)) + "]\\n")
-        ns = {}
-        exec(compile(src, "many_locals", "exec"), ns)
-        garbage = [{} for _ in range(200_000)][::1000]  # some empty pools to release
-        gc.collect()
-        foreign_before = pools.pool_reclaim_status()["foreign_blocks"]
-        r, values = ns["f"](pools.reclaim_pools)
-        st = pools.pool_reclaim_status()
-        report(intact=values == [i * 1000003 + 7 for i in range(n)], result=list(r),
-               foreign=st["foreign_blocks"] - foreign_before, skipped=st["arenas_skipped"])
-        """
+@needs_pools
+def test_frame_stack_chunk_is_left_untouched(run_python: RunPython) -> None:
+    # A frame of ~70,000 locals gets a 1 MiB data-stack chunk from the arena allocator. It is
+    # not a pymalloc arena: it must be ignored, and the frame's locals must survive.
+    result = run_python(
+        HELPERS
+        + """
+pools.enable_pool_reclaim()
+n = 70_000
+src = ("def f(reclaim):\\n"
+       + "".join(f"    v{i} = {i} * 1000003 + 7\\n" for i in range(n))
+       + "    r = reclaim()\\n"
+       + "    return r, [" + ", ".join(f"v{i}" for i in range(n)) + "]\\n")
+ns = {}
+exec(compile(src, "many_locals", "exec"), ns)
+garbage = [{} for _ in range(200_000)][::1000]  # some empty pools to release
+gc.collect()
+foreign_before = pools.pool_reclaim_status()["foreign_blocks"]
+r, values = ns["f"](lambda: memreclaim.trim(pools=True))
+st = pools.pool_reclaim_status()
+emit(intact=values == [i * 1000003 + 7 for i in range(n)], released=r.pools_released,
+     foreign=st["foreign_blocks"] - foreign_before, skipped=st["arenas_skipped"])
+"""
     )
     assert result["intact"]
     assert result["foreign"] >= 1, "the 1 MiB chunk did not go through the arena allocator"
     assert result["skipped"] == 0
+    assert result["released"] > 0
 
 
-def test_bad_arguments() -> None:
-    for bad in ("3", 1.5, True, [1], b"1"):
-        with pytest.raises(TypeError, match="budget_arenas must be None or an int"):
-            _pools.reclaim(bad)
-        with pytest.raises(TypeError, match="budget_arenas must be None or an int"):
-            pools.reclaim_pools(bad)  # type: ignore[arg-type]
-    for bad_value in (0, -1, -(2**70)):
-        with pytest.raises(ValueError, match="at least 1"):
-            _pools.reclaim(bad_value)
-    with pytest.raises(TypeError):
-        _pools.reclaim(1, 2)  # type: ignore[call-arg]
-    with pytest.raises(TypeError):
-        _pools.reclaim(budget=1)  # type: ignore[call-arg]
-    with pytest.raises(TypeError):
-        _pools.enable(1)  # type: ignore[call-arg]
+@needs_pools
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="3.11's interpreters share one pymalloc")
+def test_other_interpreter_pauses_reclaim(run_python: RunPython) -> None:
+    result = run_python(
+        HELPERS
+        + """
+try:
+    import _interpreters as interpreters
+except ImportError:
+    import _xxsubinterpreters as interpreters
+pools.enable_pool_reclaim()
+garbage = [{} for _ in range(300_000)][::1000]
+gc.collect()
+interp = interpreters.create()
+try:
+    memreclaim.trim(pools=True)
+    during = ""
+except pools.PoolReclaimUnavailable as e:
+    during = str(e)
+interpreters.destroy(interp)
+after = memreclaim.trim(pools=True).pools_released
+emit(during=during, after=after, status=pools.pool_reclaim_status())
+"""
+    )
+    assert "other interpreter" in result["during"], result
+    assert result["after"] > 0, result
+    assert result["status"]["enabled"] is True
 
 
-def test_reclaim_before_enable_raises() -> None:
-    # This test process never enables pool reclaim.
-    with pytest.raises(pools.PoolReclaimUnavailable, match="not enabled"):
-        pools.reclaim_pools()
-    with pytest.raises(pools.PoolReclaimUnavailable, match="not enabled"):
-        _pools.reclaim(2**70)  # huge budgets are clamped, not refused
-    with pytest.raises(pools.PoolReclaimUnavailable, match="not enabled"):
-        pools.estimate_pool_reclaim()
-    assert issubclass(pools.PoolReclaimUnavailable, RuntimeError)
-    status = pools.pool_reclaim_status()
-    assert status["enabled"] is False and status["reason"]
-
-
-@needs_tested_version
-def test_capsule_reclaim() -> None:
-    result = run_child(
-        """
-        class Result(ctypes.Structure):
-            _fields_ = [("pools_released", ctypes.c_longlong),
-                        ("bytes_released", ctypes.c_longlong)]
-        RECLAIM = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.POINTER(Result))
-        class CAPI(ctypes.Structure):
-            _fields_ = [("version", ctypes.c_int), ("reclaim", RECLAIM)]
-        get = ctypes.pythonapi.PyCapsule_GetPointer
-        get.restype = ctypes.c_void_p
-        get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-        capi = CAPI.from_address(get(_pools._C_API, b"memreclaim._pools._C_API"))
-        out = Result()
-        try:
-            capi.reclaim(ctypes.byref(out))
-            before_enable = ""
-        except pools.PoolReclaimUnavailable as e:
-            before_enable = str(e)
-        pools.enable_pool_reclaim()
-        garbage = [{} for _ in range(300_000)][::1000]
-        gc.collect()
-        rc = capi.reclaim(ctypes.byref(out))
-        report(version=capi.version, before_enable=before_enable, rc=rc,
-               pools_released=out.pools_released, bytes_released=out.bytes_released)
-        """
+@needs_pools
+def test_capsule_reclaim(run_python: RunPython) -> None:
+    result = run_python(
+        HELPERS
+        + CAPSULE
+        + """
+try:
+    capi.reclaim(ctypes.byref(out))
+    before_enable = ""
+except pools.PoolReclaimUnavailable as e:
+    before_enable = str(e)
+pools.enable_pool_reclaim()
+garbage = [{} for _ in range(300_000)][::1000]
+gc.collect()
+rc = capi.reclaim(ctypes.byref(out))
+emit(version=capi.version, before_enable=before_enable, rc=rc,
+     pools_released=out.pools_released, bytes_released=out.bytes_released)
+"""
     )
     assert result["version"] == 1
     assert "not enabled" in result["before_enable"]
     assert result["rc"] == 0
     assert result["pools_released"] > 0
     assert result["bytes_released"] >= result["pools_released"] * 4096
-
-
-@pytest.mark.skipif(TESTED, reason="checks the refusal on versions off the allow-list")
-def test_refused_off_allow_list() -> None:  # pragma: no cover - runs on other 3.11 micros
-    result = run_child(
-        """
-        try:
-            pools.enable_pool_reclaim()
-            refused = ""
-        except pools.PoolReclaimUnavailable as e:
-            refused = str(e)
-        report(refused=refused)
-        """
-    )
-    assert "allow-list" in result["refused"]

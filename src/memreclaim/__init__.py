@@ -35,13 +35,11 @@ from ._core import (
 from ._version import __version__
 from .glibc import ArenaInfo, arenas, set_arena_max
 from .pools import (
-    PoolReclaimResult,
     PoolReclaimStatus,
     PoolReclaimUnavailable,
     enable_pool_reclaim,
     estimate_pool_reclaim,
     pool_reclaim_status,
-    reclaim_pools,
 )
 from .units import format_bytes, parse_bytes
 
@@ -90,7 +88,6 @@ __all__ = [
     "Limits",
     "MemoryStats",
     "PacingPolicy",
-    "PoolReclaimResult",
     "PoolReclaimStatus",
     "PoolReclaimUnavailable",
     "Report",
@@ -116,7 +113,6 @@ __all__ = [
     "parse_bytes",
     "pin_mmap_threshold",
     "pool_reclaim_status",
-    "reclaim_pools",
     "rss",
     "set_arena_max",
     "set_trim_threshold",

@@ -450,7 +450,7 @@ class Report:
         }
         if self.pool_reclaimable is None and _pymalloc_max():
             tips["unreclaimed_retention"] += (
-                " On CPython 3.11, memreclaim.enable_pool_reclaim() at start-up lets"
+                " On CPython 3.11+, memreclaim.enable_pool_reclaim() at start-up lets"
                 " trim(pools=True) give back the empty pymalloc pools in pinned arenas."
             )
         elif self.pool_reclaimable:
@@ -685,7 +685,7 @@ def _pool_reclaimable() -> int | None:
     if not pool_reclaim_status()["enabled"]:
         return None
     try:
-        return estimate_pool_reclaim().bytes_released
+        return estimate_pool_reclaim()
     except PoolReclaimUnavailable:
         return None
 

@@ -168,9 +168,9 @@ TARGETS: dict[str, tuple[Callable[..., object], Any, Callable[[object], bool]]] 
 }
 
 
-# The pool-reclaim C module (CPython 3.11 only): its calls too. main() enables pool reclaim first
+# The pool-reclaim C module (CPython 3.11+): its calls too. main() enables pool reclaim first
 # (it must happen before any thread starts: trim_async's executor would refuse it), so
-# trim(pools=True), reclaim() and estimate() reach their success paths.
+# trim(pools=True) and estimate() reach their success paths.
 try:
     from memreclaim import _pools
 except ImportError:
@@ -179,13 +179,8 @@ if _pools is not None:
     TARGETS.update(
         {
             "_pools.status": (_pools.status, shaped("none"), _is(dict)),
-            "_pools.estimate": (_pools.estimate, shaped("none"), _is(_pools.ReclaimResult)),
+            "_pools.estimate": (_pools.estimate, shaped("none"), _is(int)),
             "_pools.enable": (_pools.enable, shaped("none"), _is(type(None))),
-            "_pools.reclaim": (
-                _pools.reclaim,
-                shaped("kw", "budget_arenas"),
-                _is(_pools.ReclaimResult),
-            ),
         }
     )
 POOL_ERRORS: tuple[type[Exception], ...] = (
