@@ -133,6 +133,8 @@ def trim(*, pools: bool = False) -> TrimResult:
     Every call is counted once in the process-wide totals that the metrics report. When
     memreclaim cannot act on the allocator serving malloc, ``method`` is ``'none'``,
     ``reason`` says why, and the first such call in the process warns (``RuntimeWarning``).
+    When pyarrow is already imported, its memory pool is asked to release too; ``parts`` says
+    what each allocator gave back.
     """
     result = _core.trim(pools=pools)
     _accounting.record(result.released, result.seconds)
