@@ -6,8 +6,11 @@ interpreter (``run_python``), so one test's heap cannot decide another's.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,12 +20,49 @@ from typing import Any
 
 import pytest
 
-LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
-ALLOCATOR_LIBS = {
-    "jemalloc": LIBDIR / "libjemalloc.so.2",
-    "mimalloc": LIBDIR / "libmimalloc.so.2",
-    "tcmalloc": LIBDIR / "libtcmalloc_minimal.so.4",
+# The allocators' runtime libraries, found by soname (any major version: mimalloc is
+# libmimalloc.so.2 in Debian 12, libmimalloc.so.3 in 13+), never by a hard-coded path.
+_ALLOCATOR_SONAMES = {
+    "jemalloc": re.compile(r"libjemalloc\.so\.(\d+)$"),
+    "mimalloc": re.compile(r"libmimalloc\.so\.(\d+)$"),
+    "tcmalloc": re.compile(r"libtcmalloc_minimal\.so\.(\d+)$"),
 }
+_INSTALL_HINT = (
+    "apt-get install libjemalloc2 libmimalloc3 (or libmimalloc2.0) libtcmalloc-minimal4t64"
+)
+
+
+def _find_allocator_libs() -> dict[str, Path | None]:
+    """Each allocator's library with the highest major version: from the dynamic linker's cache
+    (``ldconfig -p``), else from the multiarch library folders."""
+    candidates: list[Path] = []
+    ldconfig = shutil.which("ldconfig") or next(
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None
+    )
+    if ldconfig is not None:
+        try:
+            listing = subprocess.run(
+                [ldconfig, "-p"], capture_output=True, text=True, timeout=30, check=False
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            listing = ""
+        for line in listing.splitlines():
+            if "=>" in line and ("x86-64" in line or "64bit" in line or "(libc6)" in line):
+                candidates.append(Path(line.split("=>", 1)[1].strip()))
+    for folder in sorted({*glob.glob("/usr/lib/*-linux-gnu"), *glob.glob("/lib/*-linux-gnu")}):
+        candidates.extend(Path(p) for p in glob.glob(f"{folder}/lib*malloc*.so.*"))
+    found: dict[str, Path | None] = {}
+    for name, pattern in _ALLOCATOR_SONAMES.items():
+        best: tuple[int, Path] | None = None
+        for path in candidates:
+            match = pattern.match(path.name)
+            if match and path.exists() and (best is None or int(match[1]) > best[0]):
+                best = (int(match[1]), path)
+        found[name] = best[1] if best else None
+    return found
+
+
+ALLOCATOR_LIBS = _find_allocator_libs()
 
 # Prelude for workload scripts: the seed 000 spike and an independent /proc reader.
 PRELUDE = '''
@@ -85,13 +125,12 @@ def run_python() -> Callable[..., dict[str, Any]]:
 
 
 def allocator_lib(name: str) -> Path:
-    """The Debian library of an allocator, or skip (fail in CI, where they must be installed)."""
+    """The installed library of an allocator, or skip (fail in CI, where they must be
+    installed)."""
     lib = ALLOCATOR_LIBS[name]
-    if not lib.exists():
+    if lib is None:
+        pattern = _ALLOCATOR_SONAMES[name].pattern
         if os.environ.get("MEMRECLAIM_REQUIRE_ALLOCATORS"):
-            pytest.fail(f"{lib} is missing but MEMRECLAIM_REQUIRE_ALLOCATORS is set")
-        pytest.skip(
-            f"{lib} is not installed (apt-get install libjemalloc2 libmimalloc2.0 "
-            "libtcmalloc-minimal4)"
-        )
+            pytest.fail(f"no {pattern} found but MEMRECLAIM_REQUIRE_ALLOCATORS is set")
+        pytest.skip(f"no library matching {pattern} is installed ({_INSTALL_HINT})")
     return lib

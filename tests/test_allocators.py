@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,10 +49,19 @@ def test_detects_preloaded_allocator(run_python: Any, name: str) -> None:
     assert len(out["errors"]) == 2 and all(name in e for e in out["errors"]), out
     assert out["mapped"] is not None and out["mapped"] > 0
     if name == "mimalloc":
-        # mimalloc 2.0.9 with default options keeps freed pages committed: mi_collect(true)
-        # returns (almost) nothing on this spike. That is the truth we document.
+        # The version is decoded from mi_version() (x*100+y*10+z up to 3.0, x*10000+y*100+z
+        # after): it must agree with the library's file name (libmimalloc.so.2.0, .so.3.6).
+        file_version = os.path.realpath(lib).split(".so.", 1)[1]
+        assert re.fullmatch(r"\d+\.\d+\.\d+", out["version"]), out
+        assert f"{out['version']}.".startswith(f"{file_version}."), (file_version, out)
         assert out["method"] == "mi_collect(true)"
-        assert out["released"] < 0.1 * spike, out
+        if int(out["version"].split(".")[0]) < 3:
+            # mimalloc 2.0.9 with default options keeps freed pages committed: mi_collect(true)
+            # returns (almost) nothing on this spike. That is the truth we document.
+            assert out["released"] < 0.1 * spike, out
+        else:
+            # mimalloc 3.x gives pages back on mi_collect(true).
+            assert out["released"] >= 0.4 * spike, out
     else:
         assert out["released"] >= 0.5 * spike, out
         assert out["in_use"] is not None and out["in_use"] < out["mapped"]

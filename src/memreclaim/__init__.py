@@ -133,11 +133,30 @@ def trim(*, pools: bool = False) -> TrimResult:
     took. With ``pools=True`` the pages of empty pymalloc pools are given back first (see
     :func:`enable_pool_reclaim`).
 
-    Every call is counted once in the process-wide totals that the metrics report.
+    Every call is counted once in the process-wide totals that the metrics report. When
+    memreclaim cannot act on the allocator serving malloc, ``method`` is ``'none'``,
+    ``reason`` says why, and the first such call in the process warns (``RuntimeWarning``).
+    When pyarrow is already imported, its memory pool is asked to release too; ``parts`` says
+    what each allocator gave back.
     """
     result = _core.trim(pools=pools)
     _accounting.record(result.released, result.seconds)
+    if result.reason is not None:
+        _warn_cannot_act(result.reason)
     return result
+
+
+_warned_cannot_act = False
+
+
+def _warn_cannot_act(reason: str) -> None:
+    """One RuntimeWarning per process saying why trim() does nothing."""
+    global _warned_cannot_act
+    if not _warned_cannot_act:
+        _warned_cannot_act = True
+        import warnings
+
+        warnings.warn(reason, RuntimeWarning, stacklevel=3)
 
 
 async def trim_async(*, pools: bool = False) -> TrimResult:

@@ -44,6 +44,11 @@ static PyStructSequence_Field trim_result_fields[] = {
     {"method", "the call that was made, or 'none' when the allocator has no purge call"},
     {"pools_released", "empty pymalloc pools given back (0 unless pools=True)"},
     {"pools_bytes", "bytes given back from empty pymalloc pools (0 unless pools=True)"},
+    {"via", "the forwarding LD_PRELOAD wrapper through which malloc reaches glibc, or None"},
+    {"reason", "why trim() could not act (method 'none'), or None when it did"},
+    {"parts", "dict: bytes each allocator gave back, measured around its own call: the process "
+              "allocator's name, 'pymalloc' with pools=True, 'pyarrow' when pyarrow's pool was "
+              "asked (None where /proc could not be read)"},
     {NULL, NULL},
 };
 
@@ -51,7 +56,7 @@ static PyStructSequence_Desc trim_result_desc = {
     "memreclaim.TrimResult",
     "The outcome of trim(): what was given back to the kernel, measured from RSS.",
     trim_result_fields,
-    10,
+    13,
 };
 
 static PyStructSequence_Field memory_stats_fields[] = {
@@ -65,6 +70,11 @@ static PyStructSequence_Field memory_stats_fields[] = {
     {"traced_peak", "peak bytes traced by tracemalloc, or None when it is not tracing"},
     {"allocator", "the allocator serving malloc"},
     {"heap", "HeapStats when stats(heap=True) was asked, else None"},
+    {"via", "the forwarding LD_PRELOAD wrapper through which malloc reaches glibc, or None"},
+    {"reason", "why memreclaim cannot act on the allocator serving malloc, or None"},
+    {"libraries",
+     "dict: the figures of allocators inside already-imported libraries, e.g. "
+     "{'pyarrow': {'backend': 'jemalloc', 'bytes_allocated': ..., 'max_memory': ...}}"},
     {NULL, NULL},
 };
 
@@ -73,7 +83,7 @@ static PyStructSequence_Desc memory_stats_desc = {
     "A breakdown of this process's memory: RSS from /proc/self/status, tracemalloc's totals, and "
     "optionally the allocator's own figures.",
     memory_stats_fields,
-    10,
+    13,
 };
 
 static PyStructSequence_Field heap_stats_fields[] = {
@@ -218,26 +228,90 @@ static const mr_pools_capi *get_pools(core_state *Py_UNUSED(state))
     return capi;
 }
 
+/* ---- allocators inside libraries ----------------------------------------------------------- */
+
+/* str from a C string, or None for NULL. */
+static PyObject *str_or_none(const char *text)
+{
+    if (text == NULL) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromString(text);
+}
+
+/* pyarrow's default memory pool and its backend name ('jemalloc', 'mimalloc' or 'system'), if
+ * pyarrow is already imported: never imports it. Returns 1 with new references in *pool and
+ * *backend, 0 when pyarrow is not imported, -1 with an exception set. */
+static int pyarrow_pool(PyObject **pool, PyObject **backend)
+{
+    PyObject *name, *pyarrow;
+    *pool = *backend = NULL;
+    name = PyUnicode_FromString("pyarrow");
+    if (name == NULL) {
+        return -1;
+    }
+    pyarrow = PyImport_GetModule(name);
+    Py_DECREF(name);
+    if (pyarrow == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    *pool = PyObject_CallMethod(pyarrow, "default_memory_pool", NULL);
+    Py_DECREF(pyarrow);
+    if (*pool == NULL) {
+        return -1;
+    }
+    *backend = PyObject_GetAttrString(*pool, "backend_name");
+    if (*backend == NULL) {
+        Py_CLEAR(*pool);
+        return -1;
+    }
+    return 1;
+}
+
+/* parts[key] = bytes, or None when either reading failed. Returns -1 with an exception set. */
+static int set_part(PyObject *parts, const char *key, int before_err, const mr_rss_sample *before,
+                    int after_err, const mr_rss_sample *after)
+{
+    int64_t bytes = -1;
+    int rc;
+    PyObject *value;
+    if (before_err == 0 && after_err == 0) {
+        bytes = before->anon > after->anon ? before->anon - after->anon : 0;
+    }
+    value = int_or_none(bytes);
+    if (value == NULL) {
+        return -1;
+    }
+    rc = PyDict_SetItemString(parts, key, value);
+    Py_DECREF(value);
+    return rc;
+}
+
 /* ---- trim ----------------------------------------------------------------------------------- */
 
-PyDoc_STRVAR(trim_doc, "trim(*, pools=False) -> TrimResult\n\n"
-                       "Give free memory back to the kernel with the live allocator's own call\n"
-                       "(glibc malloc_trim(0), jemalloc arena purge, mimalloc mi_collect(true),\n"
-                       "tcmalloc ReleaseFreeMemory; nothing for an unknown allocator). The GIL is\n"
-                       "released during that call. With pools=True, empty pymalloc pools are\n"
-                       "given back first (needs memreclaim.enable_pool_reclaim()).");
+PyDoc_STRVAR(trim_doc,
+             "trim(*, pools=False) -> TrimResult\n\n"
+             "Give free memory back to the kernel with the live allocator's own call\n"
+             "(glibc malloc_trim(0), jemalloc arena purge, mimalloc mi_collect(true),\n"
+             "tcmalloc ReleaseFreeMemory; nothing for an unknown allocator, and then\n"
+             "TrimResult.reason says why). The GIL is released during that call. When pyarrow\n"
+             "is already imported, its default memory pool is asked to release_unused() first\n"
+             "(unless it is the 'system' pool, which is malloc's). With pools=True, empty\n"
+             "pymalloc pools are given back too (needs memreclaim.enable_pool_reclaim()).\n"
+             "TrimResult.parts says what each allocator gave back.");
 
 static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"pools", NULL};
     core_state *state = get_state(module);
-    PyObject *pools_arg = NULL;
+    PyObject *pools_arg = NULL, *parts = NULL, *result = NULL, *item;
+    PyObject *arrow_pool = NULL, *arrow_backend = NULL;
     const mr_pools_capi *pools = NULL;
+    const mr_backend *backend = state->backend;
     mr_pools_result pools_result = {0, 0};
-    mr_rss_sample before, after;
-    int with_pools, before_err, after_err, trim_err;
+    mr_rss_sample before, mark, after;
+    int with_pools, before_err, mark_err, after_err, trim_err, arrow;
     double started, seconds;
-    PyObject *result;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$O:trim", keywords, &pools_arg) ||
         parse_flag(pools_arg, "pools", &with_pools) < 0) {
@@ -246,17 +320,52 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
     if (with_pools && (pools = get_pools(state)) == NULL) {
         return NULL;
     }
+    arrow = pyarrow_pool(&arrow_pool, &arrow_backend);
+    if (arrow < 0) {
+        return NULL;
+    }
+    if (arrow > 0 && PyUnicode_CompareWithASCIIString(arrow_backend, "system") == 0) {
+        arrow = 0; /* the system pool is malloc's: the process allocator's trim covers it */
+    }
+    parts = PyDict_New();
+    if (parts == NULL) {
+        goto error;
+    }
 
     /* The statm reads keep the GIL: they take about a microsecond (procfs.c locks the kept
      * descriptor itself, so free-threaded builds need no GIL for them). */
     before_err = mr_statm_read(&state->statm, &before);
-    /* Pool reclaim walks pymalloc's structures: it needs the GIL held. */
+    mark = before;
+    mark_err = before_err;
     started = monotonic_seconds();
-    if (pools != NULL && pools->reclaim(&pools_result) < 0) {
-        return NULL;
+    if (arrow > 0) {
+        /* A library's own allocator (pyarrow bundles jemalloc or mimalloc): its memory is not
+         * malloc's, so only its own call gives it back. */
+        item = PyObject_CallMethod(arrow_pool, "release_unused", NULL);
+        if (item == NULL) {
+            goto error;
+        }
+        Py_DECREF(item);
+        after_err = mr_statm_read(&state->statm, &after);
+        if (set_part(parts, "pyarrow", mark_err, &mark, after_err, &after) < 0) {
+            goto error;
+        }
+        mark = after;
+        mark_err = after_err;
+    }
+    /* Pool reclaim walks pymalloc's structures: it needs the GIL held. */
+    if (pools != NULL) {
+        if (pools->reclaim(&pools_result) < 0) {
+            goto error;
+        }
+        after_err = mr_statm_read(&state->statm, &after);
+        if (set_part(parts, "pymalloc", mark_err, &mark, after_err, &after) < 0) {
+            goto error;
+        }
+        mark = after;
+        mark_err = after_err;
     }
     seconds = monotonic_seconds() - started;
-    const mr_backend *backend = state->backend;
     /* The clock is read inside the released region: waiting to get the GIL back afterwards is
      * not the trim's cost. */
     Py_BEGIN_ALLOW_THREADS
@@ -268,11 +377,16 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
 
     if (trim_err != 0) {
         errno = trim_err;
-        return PyErr_SetFromErrno(PyExc_OSError);
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto error;
+    }
+    if (backend->kind != MR_ALLOC_UNKNOWN &&
+        set_part(parts, backend->name, mark_err, &mark, after_err, &after) < 0) {
+        goto error;
     }
     result = PyStructSequence_New(state->trim_result_type);
     if (result == NULL) {
-        return NULL;
+        goto error;
     }
     int64_t measured[5] = {-1, -1, -1, -1, -1};
     if (before_err == 0 && after_err == 0) {
@@ -289,7 +403,7 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
     if (set_ints(result, 0, measured, 5) < 0) {
         goto error;
     }
-    PyObject *item = PyFloat_FromDouble(seconds);
+    item = PyFloat_FromDouble(seconds);
     if (item == NULL) {
         goto error;
     }
@@ -305,9 +419,24 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
     if (set_ints(result, 8, pool_figures, 2) < 0) {
         goto error;
     }
+    if ((item = str_or_none(mr_backend_via())) == NULL) {
+        goto error;
+    }
+    PyStructSequence_SetItem(result, 10, item);
+    if ((item = str_or_none(mr_backend_reason())) == NULL) {
+        goto error;
+    }
+    PyStructSequence_SetItem(result, 11, item);
+    PyStructSequence_SetItem(result, 12, parts); /* the result owns it now */
+    Py_XDECREF(arrow_pool);
+    Py_XDECREF(arrow_backend);
     return result;
 error:
-    Py_DECREF(result);
+    /* `parts` is handed to the result only on success, as its last step. */
+    Py_XDECREF(parts);
+    Py_XDECREF(result);
+    Py_XDECREF(arrow_pool);
+    Py_XDECREF(arrow_backend);
     return NULL;
 }
 
@@ -446,18 +575,67 @@ static int traced_memory(PyObject **current, PyObject **peak)
     return 0;
 }
 
+/* {'pyarrow': {'backend': ..., 'bytes_allocated': ..., 'max_memory': ...}} when pyarrow is already
+ * imported, else {}. Returns a new reference, or NULL with an exception set. */
+static PyObject *library_figures(void)
+{
+    PyObject *pool, *backend, *libraries, *figures = NULL, *value;
+    static const char *const methods[] = {"bytes_allocated", "max_memory"};
+    int arrow = pyarrow_pool(&pool, &backend);
+
+    if (arrow < 0 || (libraries = PyDict_New()) == NULL) {
+        Py_XDECREF(pool);
+        Py_XDECREF(backend);
+        return NULL;
+    }
+    if (arrow == 0) {
+        return libraries;
+    }
+    figures = PyDict_New();
+    if (figures == NULL || PyDict_SetItemString(figures, "backend", backend) < 0) {
+        goto error;
+    }
+    for (size_t i = 0; i < 2; i++) {
+        value = PyObject_CallMethod(pool, methods[i], NULL);
+        if (value == NULL) {
+            goto error;
+        }
+        if (PyDict_SetItemString(figures, methods[i], value) < 0) {
+            Py_DECREF(value);
+            goto error;
+        }
+        Py_DECREF(value);
+    }
+    if (PyDict_SetItemString(libraries, "pyarrow", figures) < 0) {
+        goto error;
+    }
+    Py_DECREF(figures);
+    Py_DECREF(pool);
+    Py_DECREF(backend);
+    return libraries;
+error:
+    Py_XDECREF(figures);
+    Py_DECREF(libraries);
+    Py_DECREF(pool);
+    Py_DECREF(backend);
+    return NULL;
+}
+
 PyDoc_STRVAR(stats_doc,
              "stats(*, heap=False) -> MemoryStats\n\n"
              "RSS broken down from /proc/self/status, tracemalloc's traced totals (None when\n"
-             "not tracing) and the allocator's name. heap=True adds the allocator's own figures\n"
-             "(see heap_stats(); on glibc that walks the heap). Raises OSError when\n"
+             "not tracing), the allocator's name (with the wrapper it is reached through, and\n"
+             "why memreclaim cannot act on it, if so), and the figures of allocators inside\n"
+             "already-imported libraries (pyarrow's memory pool). heap=True adds the allocator's\n"
+             "own figures (see heap_stats(); on glibc that walks the heap). Raises OSError when\n"
              "/proc/self/status cannot be read.");
 
 static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"heap", NULL};
     core_state *state = get_state(module);
-    PyObject *heap_arg = NULL, *heap = NULL, *current = NULL, *peak = NULL, *result;
+    PyObject *heap_arg = NULL, *heap = NULL, *current = NULL, *peak = NULL, *result = NULL;
+    PyObject *via = NULL, *reason = NULL, *libraries = NULL;
     mr_status status;
     int with_heap, err;
 
@@ -478,16 +656,14 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
         Py_INCREF(Py_None);
         heap = Py_None;
     }
-    if (traced_memory(&current, &peak) < 0) {
-        Py_DECREF(heap);
-        return NULL;
+    if (traced_memory(&current, &peak) < 0 || (via = str_or_none(mr_backend_via())) == NULL ||
+        (reason = str_or_none(mr_backend_reason())) == NULL ||
+        (libraries = library_figures()) == NULL) {
+        goto error;
     }
     result = PyStructSequence_New(state->memory_stats_type);
     if (result == NULL) {
-        Py_DECREF(heap);
-        Py_DECREF(current);
-        Py_DECREF(peak);
-        return NULL;
+        goto error;
     }
     /* The struct sequence owns these from here on, and frees them with itself. */
     PyStructSequence_SetItem(result, 6, current);
@@ -495,6 +671,9 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_INCREF(state->allocator_name);
     PyStructSequence_SetItem(result, 8, state->allocator_name);
     PyStructSequence_SetItem(result, 9, heap);
+    PyStructSequence_SetItem(result, 10, via);
+    PyStructSequence_SetItem(result, 11, reason);
+    PyStructSequence_SetItem(result, 12, libraries);
     int64_t figures[6] = {status.rss,       status.rss_anon, status.rss_file,
                           status.rss_shmem, status.peak_rss, status.swap};
     if (set_ints(result, 0, figures, 6) < 0) {
@@ -502,6 +681,14 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     return result;
+error:
+    Py_XDECREF(heap);
+    Py_XDECREF(current);
+    Py_XDECREF(peak);
+    Py_XDECREF(via);
+    Py_XDECREF(reason);
+    Py_XDECREF(libraries);
+    return NULL;
 }
 
 /* ---- allocator ------------------------------------------------------------------------------ */

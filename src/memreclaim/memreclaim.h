@@ -114,6 +114,11 @@ typedef struct mr_backend {
 const mr_backend *mr_backend_detect(void);
 /* The detected allocator's version string (read at detection), or NULL when it does not say. */
 const char *mr_backend_version(void);
+/* The forwarding wrapper (path of the object defining malloc) when malloc is glibc's reached
+ * through it, else NULL. */
+const char *mr_backend_via(void);
+/* Why memreclaim cannot act on the allocator (the backend is "unknown"), else NULL. */
+const char *mr_backend_reason(void);
 
 /* glibc knobs. Return 0, ENOTSUP when the live allocator is not glibc or lacks the call, or
  * EINVAL when glibc refused the value. */
