@@ -231,13 +231,19 @@ run_one() {
 import platform, memreclaim
 print(f"CPython {platform.python_version()}, glibc {platform.libc_ver()[1]}, allocator {memreclaim.allocator()}")
 ' 2>&1 | tail -1)
+    # CPU seconds (user+sys of the whole run) next to wall time: on a busy machine only the
+    # former says what the run would take alone (at best cpu/2 on 2 cores).
+    local TIMEFORMAT='%R %U %S' took
     set +e
-    timeout --kill-after=30 "$TEST_TIMEOUT" "${wrap[@]}" "${env[@]}" bash -c '
-        cd "$1/src" && shift && exec "$@"
-    ' _ "$inside" "$inside/venv/bin/python" -m pytest -n 2 --junitxml="$inside/junit.xml" \
-        "${EXTRA_PYTEST[@]}" >>"$run_log" 2>&1
+    {
+        time timeout --kill-after=30 "$TEST_TIMEOUT" "${wrap[@]}" "${env[@]}" bash -c '
+            cd "$1/src" && shift && exec "$@"
+        ' _ "$inside" "$inside/venv/bin/python" -m pytest -n 2 --junitxml="$inside/junit.xml" \
+            "${EXTRA_PYTEST[@]}" >>"$run_log" 2>&1
+    } 2>"$WORK/$name.time"
     rc=$?
     set -e
+    took=$(awk '{printf "pytest %.0f s wall, %.0f s cpu", $1, $2 + $3}' "$WORK/$name.time")
     counts=$(python3 - "$host_dir/junit.xml" <<'PY' 2>/dev/null || echo "no junit report"
 import sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
@@ -258,7 +264,7 @@ PY
         5) status=FAIL why=" (no tests collected)" ;;
         *) status=FAIL why=" (pytest exit $rc)" ;;
     esac
-    summarize "$name" "$status" "$info: $counts$why, $(($(date +%s) - started)) s"
+    summarize "$name" "$status" "$info: $counts$why; $took; $(($(date +%s) - started)) s in all"
 }
 
 log "HEAD $(git -C "$ROOT" rev-parse --short HEAD), runs: ${RUNS[*]}, work dir $WORK"
