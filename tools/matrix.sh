@@ -198,8 +198,7 @@ summarize() {  # NAME STATUS DETAIL
 # One interpreter: export, venv, install, the README's test command, a summary line.
 # NAME ROOTDIR PYTHON  (ROOTDIR / for this machine)
 run_one() {
-    local name=$1 root=$2 python=$3 inside host_dir run_log started rc counts info
-    started=$(date +%s)
+    local name=$1 root=$2 python=$3 inside host_dir run_log rc counts info
     if [ "$root" = / ]; then inside=$WORK/$name; else inside=$INSIDE/$name; fi
     host_dir=${root%/}$inside
     run_log=$WORK/$name.log
@@ -214,26 +213,29 @@ run_one() {
     [ "$root" = / ] || wrap=(chroot "$root")
 
     log "$name: $python in ${root}, allocators: $(allocator_libs "$root")"
+    # CPU seconds (user+sys, children included) next to wall time: on a busy machine only the
+    # former says what a step would take alone (at best cpu/2 on 2 cores).
+    local TIMEFORMAT='%R %U %S' installed took
     set +e
-    timeout --kill-after=30 "$INSTALL_TIMEOUT" "${wrap[@]}" "${env[@]}" bash -c '
-        set -e
-        "$1" -m venv "$2/venv"
-        "$2/venv/bin/pip" install -q -e "$2/src[test]"
-    ' _ "$python" "$inside" >"$run_log" 2>&1
+    {
+        time timeout --kill-after=30 "$INSTALL_TIMEOUT" "${wrap[@]}" "${env[@]}" bash -c '
+            set -e
+            "$1" -m venv "$2/venv"
+            "$2/venv/bin/pip" install -q -e "$2/src[test]"
+        ' _ "$python" "$inside" >"$run_log" 2>&1
+    } 2>"$WORK/$name.install-time"
     rc=$?
     set -e
+    installed=$(awk '{printf "install %.0f s wall, %.0f s cpu", $1, $2 + $3}' "$WORK/$name.install-time")
     if [ "$rc" -ne 0 ]; then
         tail -40 "$run_log" | sed "s/^/  $name| /"
-        summarize "$name" FAIL "install failed (exit $rc$([ "$rc" = 124 ] && echo ": timeout ${INSTALL_TIMEOUT}s")), $(($(date +%s) - started)) s"
+        summarize "$name" FAIL "install failed (exit $rc$([ "$rc" = 124 ] && echo ": timeout ${INSTALL_TIMEOUT}s")); $installed"
         return 0
     fi
     info=$("${wrap[@]}" "${env[@]}" "$inside/venv/bin/python" -c '
 import platform, memreclaim
 print(f"CPython {platform.python_version()}, glibc {platform.libc_ver()[1]}, allocator {memreclaim.allocator()}")
 ' 2>&1 | tail -1)
-    # CPU seconds (user+sys of the whole run) next to wall time: on a busy machine only the
-    # former says what the run would take alone (at best cpu/2 on 2 cores).
-    local TIMEFORMAT='%R %U %S' took
     set +e
     {
         time timeout --kill-after=30 "$TEST_TIMEOUT" "${wrap[@]}" "${env[@]}" bash -c '
@@ -253,7 +255,7 @@ passed = t["tests"] - t["failures"] - t["errors"] - t["skipped"]
 print(f"passed={passed} failed={t['failures']} errors={t['errors']} skipped={t['skipped']}")
 PY
 )
-    grep -E '^(FAILED|ERROR) ' "$run_log" | head -40 | sed "s/^/  $name| /" || true
+    grep -E '^(FAILED|ERROR) ' "$run_log" | awk '!seen[$0]++' | head -40 | sed "s/^/  $name| /" || true
     if [ "$rc" -ne 0 ]; then
         tail -5 "$run_log" | sed "s/^/  $name| /"
     fi
@@ -264,7 +266,7 @@ PY
         5) status=FAIL why=" (no tests collected)" ;;
         *) status=FAIL why=" (pytest exit $rc)" ;;
     esac
-    summarize "$name" "$status" "$info: $counts$why; $took; $(($(date +%s) - started)) s in all"
+    summarize "$name" "$status" "$info: $counts$why; $installed; $took"
 }
 
 log "HEAD $(git -C "$ROOT" rev-parse --short HEAD), runs: ${RUNS[*]}, work dir $WORK"
