@@ -235,7 +235,7 @@ run_one() {
     info=$("${wrap[@]}" "${env[@]}" "$inside/venv/bin/python" -c '
 import platform, memreclaim
 print(f"CPython {platform.python_version()}, glibc {platform.libc_ver()[1]}, allocator {memreclaim.allocator()}")
-' 2>&1 | tail -1)
+' 2>&1 | tail -1 || true)
     set +e
     {
         time timeout --kill-after=30 "$TEST_TIMEOUT" "${wrap[@]}" "${env[@]}" bash -c '
