@@ -80,6 +80,15 @@ def test_every_public_name_still_resolves(name: str) -> None:
     assert namespace[name] is value
 
 
+@pytest.mark.parametrize("name", ["_pools", "glibc", "pools", "units"])
+def test_submodules_once_imported_eagerly_are_still_attributes(
+    run_python: Callable[..., dict[str, Any]], name: str
+) -> None:
+    """trim(pools=True) reaches _pools by PyCapsule_Import: getattr(memreclaim, '_pools')."""
+    out = run_python(f"emit(ok=memreclaim.{name}.__name__)")
+    assert out["ok"] == f"memreclaim.{name}"
+
+
 def test_unknown_attribute_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         memreclaim.no_such_name  # noqa: B018

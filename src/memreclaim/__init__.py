@@ -78,11 +78,17 @@ _LAZY_EXPORTS = {
 }
 
 
+_LAZY_SUBMODULES = frozenset(("_pools", "glibc", "pools", "units"))
+
+
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _LAZY_SUBMODULES:  # were attributes when imported eagerly (PyCapsule_Import too)
+        return importlib.import_module(f".{name}", __name__)
     module = _LAZY_EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'memreclaim' has no attribute {name!r}")
-    import importlib
 
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # later lookups skip __getattr__
