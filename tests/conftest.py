@@ -94,6 +94,7 @@ def _run(
     env: dict[str, str] | None = None,
     timeout: float = 180,
     params: dict[str, Any] | None = None,
+    prelude: bool = True,
 ) -> dict[str, Any]:
     header = "".join(f"{name} = {value!r}\n" for name, value in (params or {}).items())
     full_env = dict(os.environ)
@@ -101,7 +102,7 @@ def _run(
     if env:
         full_env.update(env)
     proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + header + textwrap.dedent(code)],
+        [sys.executable, "-c", (PRELUDE if prelude else "") + header + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         env=full_env,
@@ -119,7 +120,8 @@ def _run(
 def run_python() -> Callable[..., dict[str, Any]]:
     """Run workload code in a fresh interpreter; it reports with ``emit(key=value, ...)``.
 
-    ``params`` become module-level constants of the workload.
+    ``params`` become module-level constants of the workload. ``prelude=False`` runs the code
+    in a bare interpreter (no PRELUDE, no memreclaim): it prints its own ``RESULT {json}`` line.
     """
     return _run
 

@@ -1,0 +1,112 @@
+"""`import memreclaim` stays light: the api layer costs <= 1 MiB of RSS and imports no asyncio, ssl,
+concurrent.futures or xml; the rest of the public names load on first use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import memreclaim
+from memreclaim import _accounting
+
+LIMIT = 1 << 20
+FORBIDDEN = ("asyncio", "ssl", "concurrent.futures", "xml")
+
+# Runs without the workload prelude: the baseline is a bare interpreter (site only), read from
+# /proc/self/statm in the same process before and after the import.
+BARE_CHILD = """
+import os, sys
+
+PAGE = os.sysconf("SC_PAGESIZE")
+
+
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+resident()  # the reader's own first-call costs belong to the baseline
+modules_before = set(sys.modules)
+bare = resident()
+import memreclaim
+
+imported = resident()
+memreclaim.trim()
+memreclaim.stats()
+memreclaim.rss()
+used = resident()
+new_modules = sorted(set(sys.modules) - modules_before)
+
+import json
+
+print("RESULT " + json.dumps(dict(bare=bare, imported=imported, used=used, modules=new_modules)))
+"""
+
+
+def _forbidden(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+
+
+def test_import_and_use_cost_at_most_1_mib(run_python: Callable[..., dict[str, Any]]) -> None:
+    out = run_python(BARE_CHILD, prelude=False)
+    import_cost = out["imported"] - out["bare"]
+    use_cost = out["used"] - out["bare"]
+    detail = f"(bare {out['bare']} B; new modules: {' '.join(out['modules'])})"
+    # Checked before trim() too, so that what trim() gives back cannot hide an import's cost.
+    assert import_cost <= LIMIT, f"import memreclaim costs {import_cost} B of RSS {detail}"
+    assert use_cost <= LIMIT, f"import + trim/stats/rss costs {use_cost} B of RSS {detail}"
+    assert _forbidden(out["modules"]) == [], detail
+    assert "memreclaim._core" in out["modules"], detail  # the child really imported memreclaim
+
+
+def test_forbidden_module_check_sees_them() -> None:
+    """The module filter used above does flag what it must (and not look-alikes)."""
+    assert _forbidden(["xml.etree", "asyncio", "ssl", "concurrent.futures.thread", "xmlrpc"]) == [
+        "xml.etree",
+        "asyncio",
+        "ssl",
+        "concurrent.futures.thread",
+    ]
+
+
+@pytest.mark.parametrize("name", memreclaim.__all__)
+def test_every_public_name_still_resolves(name: str) -> None:
+    """Names loaded on first use are still there, by attribute and by `from ... import`."""
+    value = getattr(memreclaim, name)
+    namespace: dict[str, Any] = {}
+    exec(f"from memreclaim import {name}", namespace)
+    assert namespace[name] is value
+
+
+@pytest.mark.parametrize("name", ["_pools", "glibc", "pools", "units"])
+def test_submodules_once_imported_eagerly_are_still_attributes(
+    run_python: Callable[..., dict[str, Any]], name: str
+) -> None:
+    """trim(pools=True) reaches _pools by PyCapsule_Import: getattr(memreclaim, '_pools')."""
+    out = run_python(f"emit(ok=memreclaim.{name}.__name__)")
+    assert out["ok"] == f"memreclaim.{name}"
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        memreclaim.no_such_name  # noqa: B018
+
+
+def test_trim_totals_behave_like_a_frozen_record() -> None:
+    """TrimTotals is hand-written (no dataclasses import): equal by value, immutable, readable."""
+    a = _accounting.TrimTotals(1, 0, 4096, 0.5, (1, 0))
+    b = _accounting.TrimTotals(1, 0, 4096, 0.5, (1, 0))
+    assert a == b and hash(a) == hash(b)
+    assert a != _accounting.TrimTotals(2, 0, 4096, 0.5, (1, 0))
+    assert a != (1, 0, 4096, 0.5, (1, 0))
+    assert repr(a) == (
+        "TrimTotals(trims=1, unproductive=0, released_bytes=4096, seconds=0.5,"
+        " seconds_buckets=(1, 0))"
+    )
+    with pytest.raises(AttributeError, match="immutable"):
+        a.trims = 2  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="immutable"):
+        del a.seconds  # type: ignore[misc]
+    assert a.trims == 1 and a.released_bytes == 4096
