@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +289,7 @@ def test_requires_reset() -> None:
         ({"cpu_budget": True}, TypeError, "cpu_budget"),
         ({"budget_window": -1}, ValueError, "budget_window"),
         ({"limit": 0}, ValueError, "limit must be > 0"),
-        ({"limit": "auto"}, ValueError, "limit"),
+        ({"limit": "automatic"}, ValueError, "limit"),
         ({"limit_fraction": 0}, ValueError, "limit_fraction"),
         ({"use_traced": 1}, TypeError, "use_traced must be a bool"),
     ],
@@ -347,3 +348,22 @@ def test_recorded_uvicorn_trace_trims_after_the_burst() -> None:
     assert sum(1 for _, p in after_burst if not p) <= 3, trims
     assert min(t for t, p in after_burst if p) <= burst_end + 5, trims
     assert len(during) <= 2, f"trimmed mid-burst: {during}"
+
+
+def test_limit_auto_takes_the_cgroup_limit_or_memory_high(monkeypatch: pytest.MonkeyPatch) -> None:
+    """limit="auto" (the default): the lower of the cgroup's hard limit and memory.high; an
+    address-space rlimit alone is not an RSS limit; no limit at all is off."""
+    from memreclaim import _limits
+
+    def fake(**fields: object) -> Callable[..., _limits.Limits]:
+        return lambda refresh=False: _limits.Limits(**fields)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_limits, "limits", fake(source="cgroup2", limit=512 * MiB, high=None))
+    assert PacingPolicy().limit == 512 * MiB
+    monkeypatch.setattr(_limits, "limits", fake(source="cgroup1", limit=512 * MiB, high=384 * MiB))
+    assert PacingPolicy(limit="auto").limit == 384 * MiB
+    monkeypatch.setattr(_limits, "limits", fake(source="rlimit_as", limit=1 << 40, high=None))
+    assert PacingPolicy().limit is None
+    monkeypatch.setattr(_limits, "limits", fake(source="none", limit=None, high=None))
+    assert PacingPolicy().limit is None
+    assert PacingPolicy(limit=None).limit is None
