@@ -1,7 +1,9 @@
 """Shared test helpers.
 
 Memory is process-global state: every test that measures it runs its workload in a fresh
-interpreter (``run_python``), so one test's heap cannot decide another's.
+interpreter (``run_python``), so one test's heap cannot decide another's. ``run_child`` is the
+one way to start such an interpreter: ``run_python`` and every test that runs the command line,
+a benchmark or a stress script go through it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,12 @@ ALLOCATOR_LIBS = {
     "tcmalloc": LIBDIR / "libtcmalloc_minimal.so.4",
 }
 
-# Prelude for workload scripts: the seed 000 spike and an independent /proc reader.
+# Prelude for workload scripts: the burst spike (memreclaim.workloads) and an independent
+# /proc reader.
 PRELUDE = '''
 import gc, json, os, random, sys
 import memreclaim
+from memreclaim import workloads
 
 PAGE = os.sysconf("SC_PAGESIZE")
 
@@ -38,48 +42,99 @@ def statm():
     return int(fields[1]) * PAGE, (int(fields[1]) - int(fields[2])) * PAGE
 
 def seed000_spike(keep_every=50):
-    """160,000 strings of 600-4,000 bytes (malloc's, not pymalloc's); keep every 50th."""
-    r = random.Random(0)
-    data = [("x" * r.randint(600, 4000), r.random()) for _ in range(160_000)]
-    survivors = data[::keep_every]
-    return data, survivors
+    """workloads.strings(): 160,000 strings of 600-4,000 bytes; keep every 50th."""
+    data = workloads.strings()
+    return data, workloads.keep_every(data, keep_every)
 
 def emit(**values):
-    print("RESULT " + json.dumps(values))
+    print("RESULT " + json.dumps(values), flush=True)
 '''
+
+
+def run_child(
+    args: Sequence[str] = (),
+    *,
+    code: str | None = None,
+    env: Mapping[str, str] | None = None,
+    keep_preload: bool = False,
+    timeout: float = 180,
+    cwd: Path | str | None = None,
+    user: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``sys.executable [-c code] *args`` and return its CompletedProcess (text).
+
+    The child gets this environment without ``LD_PRELOAD`` (unless ``keep_preload``: e.g. under
+    the sanitizers), plus ``env``; and without ``PYTHONUNBUFFERED``, so it buffers its output as a
+    user's interpreter does. ``user`` runs it as that uid/gid via setpriv. Raises
+    AssertionError, with what was run, if it is still running after ``timeout`` seconds.
+    """
+    full_env = dict(os.environ)
+    if not keep_preload:
+        full_env.pop("LD_PRELOAD", None)
+    full_env.pop("PYTHONUNBUFFERED", None)
+    full_env.update(env or {})
+    command = [sys.executable, *(["-c", code] if code is not None else []), *args]
+    if user is not None:
+        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
+    try:
+        return subprocess.run(
+            command, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        shown = " ".join(command if code is None else [*command[:1], "-c", "<code>", *args])
+        raise AssertionError(
+            f"{shown} still running after {timeout:g} s; its output so far:\n"
+            f"{_text(exc.stdout)}\n{_text(exc.stderr)}"
+        ) from None
+
+
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 def _run(
     code: str,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
     timeout: float = 180,
-    params: dict[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+    *,
+    keep_preload: bool = False,
+    check: bool = True,
 ) -> dict[str, Any]:
+    """Run a workload (PRELUDE + params + code) in a fresh interpreter; return what it emitted.
+
+    With ``check=False`` a non-zero exit is allowed: the result then also holds the child's
+    ``returncode``, ``stdout`` and ``stderr`` (and the emitted values, if any).
+    """
     header = "".join(f"{name} = {value!r}\n" for name, value in (params or {}).items())
-    full_env = dict(os.environ)
-    full_env.pop("LD_PRELOAD", None)
-    if env:
-        full_env.update(env)
-    proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + header + textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=full_env,
+    proc = run_child(
+        code=PRELUDE + header + textwrap.dedent(code),
+        env=env,
+        keep_preload=keep_preload,
         timeout=timeout,
     )
-    assert proc.returncode == 0, f"workload failed ({proc.returncode}):\n{proc.stderr}"
+    emitted: dict[str, Any] | None = None
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[len("RESULT ") :])
-            return result
-    raise AssertionError(f"workload printed no RESULT line:\n{proc.stdout}\n{proc.stderr}")
+            emitted = json.loads(line[len("RESULT ") :])
+            break
+    if not check:
+        raw = {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+        return {**(emitted or {}), **raw}
+    assert proc.returncode == 0, f"workload failed ({proc.returncode}):\n{proc.stderr}"
+    if emitted is None:
+        raise AssertionError(f"workload printed no RESULT line:\n{proc.stdout}\n{proc.stderr}")
+    return emitted
 
 
 @pytest.fixture
 def run_python() -> Callable[..., dict[str, Any]]:
     """Run workload code in a fresh interpreter; it reports with ``emit(key=value, ...)``.
 
-    ``params`` become module-level constants of the workload.
+    ``params`` become module-level constants of the workload; ``env`` is added to the
+    environment (``LD_PRELOAD`` is dropped unless ``keep_preload=True``); ``timeout`` bounds the
+    run; ``check=False`` returns ``returncode``/``stdout``/``stderr`` too, for workloads that are
+    expected to fail.
     """
     return _run
 
