@@ -124,7 +124,13 @@ def test_parse_bytes_units(text: str | int, nbytes: int) -> None:
 
 @pytest.mark.parametrize(
     ("value", "error"),
-    [(-1, ValueError), ("-1", ValueError), ("1 XB", ValueError), (True, TypeError), (1.0, TypeError)],
+    [
+        (-1, ValueError),
+        ("-1", ValueError),
+        ("1 XB", ValueError),
+        (True, TypeError),
+        (1.0, TypeError),
+    ],
 )
 def test_parse_bytes_rejects(value: object, error: type[Exception]) -> None:
     with pytest.raises(error):

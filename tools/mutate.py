@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Mutation check: apply named source edits one at a time and see whether the tests notice.
 
-Each mutant is one (file, old, new) replacement of a line of the source (``old`` must occur
-exactly once). For each mutant the script edits the file in place, rebuilds the extension when
-a .c file changed, runs the mutant's test files, and restores the file with ``git checkout``
-(in a ``finally``, so an interrupted run leaves no mutant behind; a last rebuild puts the
-original extension back). A mutant is *killed* when the tests fail, *survived* when they pass.
+Each mutant is one (file, old, new) replacement in the source (``old`` must occur exactly
+once). For each mutant the script edits the file in place, rebuilds the extension when a .c file
+changed, runs the mutant's test files, and writes the original text back (in a ``finally``, so
+an interrupted run leaves no mutant behind; a rebuild then puts the original extension back).
+Run it in a scratch copy (``git archive HEAD | tar -x -C DIR``) to keep working meanwhile.
+A mutant is *killed* when the tests fail, *survived* when they pass.
 
     python tools/mutate.py                 # every mutant
     python tools/mutate.py --list          # names, files, tests
@@ -224,8 +225,10 @@ MUTANTS = [
     Mutant(
         "validate-bool-is-seconds",
         PKG + "_validate.py",
-        'if isinstance(value, bool) or not isinstance(value, int | float):\n        raise TypeError(\n            f"{name} must be a number of seconds',
-        'if not isinstance(value, int | float):\n        raise TypeError(\n            f"{name} must be a number of seconds',
+        "if isinstance(value, bool) or not isinstance(value, int | float):\n"
+        '        raise TypeError(\n            f"{name} must be a number of seconds',
+        "if not isinstance(value, int | float):\n"
+        '        raise TypeError(\n            f"{name} must be a number of seconds',
         ("tests/test_validate.py",),
     ),
     Mutant(
@@ -301,9 +304,9 @@ MUTANTS = [
 
 
 def build() -> None:
-    """Rebuild the extension in place (as ``pip install -e .`` would, much faster)."""
+    """Rebuild the extension (``pip install -e .``: the build needs pip's isolated setuptools)."""
     proc = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", "."],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -325,18 +328,12 @@ def run_tests(tests: tuple[str, ...], workers: int, timeout: float) -> tuple[boo
     return proc.returncode == 0, tail
 
 
-def apply(mutant: Mutant) -> Path | None:
-    """Edit the file; None when the mutant no longer applies."""
-    path = ROOT / mutant.file
-    text = path.read_text()
-    if text.count(mutant.old) != 1:
-        return None
-    path.write_text(text.replace(mutant.old, mutant.new))
-    return path
-
-
-def restore(mutant: Mutant) -> None:
-    subprocess.run(["git", "checkout", "--", mutant.file], cwd=ROOT, check=True)
+def apply(mutant: Mutant, original: str) -> bool:
+    """Edit the file; False when the mutant no longer applies (``old`` is not there once)."""
+    if original.count(mutant.old) != 1:
+        return False
+    (ROOT / mutant.file).write_text(original.replace(mutant.old, mutant.new))
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,21 +356,13 @@ def main(argv: list[str] | None = None) -> int:
             mark = " [depends on code being rewritten]" if m.depends else ""
             print(f"{m.name:<42} {m.file:<32} {' '.join(m.tests)}{mark}")
         return 0
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", *sorted({m.file for m in chosen})],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    if dirty:
-        parser.error(f"uncommitted changes in the mutated files (git checkout restores them):\n{dirty}")
     results: list[dict[str, object]] = []
     for m in chosen:
         start = time.monotonic()
         rebuilt = m.file.endswith(".c")
+        original = (ROOT / m.file).read_text()
         try:
-            if apply(m) is None:
+            if not apply(m, original):
                 status, tail = ("stale" if m.depends else "no-match"), "old text not found once"
             else:
                 try:
@@ -384,20 +373,31 @@ def main(argv: list[str] | None = None) -> int:
                 except RuntimeError as exc:  # the mutant does not compile: not a test's merit
                     status, tail = "no-build", str(exc)[-500:]
         finally:
-            restore(m)
+            (ROOT / m.file).write_text(original)  # restored before anything else runs
             if rebuilt:
                 build()
         seconds = time.monotonic() - start
-        results.append({"name": m.name, "file": m.file, "status": status, "tests": m.tests,
-                        "depends": m.depends, "seconds": round(seconds, 1), "output": tail})
+        results.append(
+            {
+                "name": m.name,
+                "file": m.file,
+                "status": status,
+                "tests": m.tests,
+                "depends": m.depends,
+                "seconds": round(seconds, 1),
+                "output": tail,
+            }
+        )
         print(f"{status:<9} {m.name:<42} ({seconds:.0f} s)", flush=True)
         if status == "survived":
             print("          " + tail.replace("\n", "\n          "), flush=True)
     counted = [r for r in results if r["status"] in ("killed", "survived")]
     killed = sum(r["status"] == "killed" for r in counted)
     rate = killed / len(counted) if counted else 0.0
-    print(f"\nkilled {killed} of {len(counted)} mutants ({rate:.0%});"
-          f" {len(results) - len(counted)} not run (stale/no-match/no-build)")
+    print(
+        f"\nkilled {killed} of {len(counted)} mutants ({rate:.0%});"
+        f" {len(results) - len(counted)} not run (stale/no-match/no-build)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"kill_rate": rate, "results": results}, indent=2))
     if any(r["status"] in ("no-match", "no-build") for r in results):
