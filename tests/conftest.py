@@ -60,12 +60,14 @@ def run_child(
     timeout: float = 180,
     cwd: Path | str | None = None,
     user: str | None = None,
+    stdout: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``sys.executable [-c code] *args`` and return its CompletedProcess (text).
 
     The child gets this environment without ``LD_PRELOAD`` (unless ``keep_preload``: e.g. under
     the sanitizers), plus ``env``; and without ``PYTHONUNBUFFERED``, so it buffers its output as a
-    user's interpreter does. ``user`` runs it as that uid/gid via setpriv. Raises
+    user's interpreter does. ``user`` runs it as that uid/gid via setpriv. ``stdout`` is a file
+descriptor for its standard output (then ``.stdout`` is None); by default it is captured. Raises
     AssertionError, with what was run, if it is still running after ``timeout`` seconds.
     """
     full_env = dict(os.environ)
@@ -78,7 +80,13 @@ def run_child(
         command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
     try:
         return subprocess.run(
-            command, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
+            command,
+            stdout=subprocess.PIPE if stdout is None else stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full_env,
+            cwd=cwd,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired as exc:
         shown = " ".join(command if code is None else [*command[:1], "-c", "<code>", *args])
