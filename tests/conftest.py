@@ -135,6 +135,11 @@ def _run(
     return emitted
 
 
+def pytest_report_header() -> str:
+    seed = os.environ.get("MEMRECLAIM_FUZZ_SEED", "0")
+    return f"memreclaim fuzz seed: {seed} (MEMRECLAIM_FUZZ_SEED)"
+
+
 @pytest.fixture
 def run_python() -> Callable[..., dict[str, Any]]:
     """Run workload code in a fresh interpreter; it reports with ``emit(key=value, ...)``.
