@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -61,21 +62,23 @@ def run_child(
     cwd: Path | str | None = None,
     user: str | None = None,
     stdout: int | None = None,
+    prefix: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``sys.executable [-c code] *args`` and return its CompletedProcess (text).
+    """Run ``[prefix] sys.executable [-c code] *args``; return its CompletedProcess (text).
 
     The child gets this environment without ``LD_PRELOAD`` (unless ``keep_preload``: e.g. under
-    the sanitizers), plus ``env``; and without ``PYTHONUNBUFFERED``, so it buffers its output as a
-    user's interpreter does. ``user`` runs it as that uid/gid via setpriv. ``stdout`` is a file
-descriptor for its standard output (then ``.stdout`` is None); by default it is captured. Raises
-    AssertionError, with what was run, if it is still running after ``timeout`` seconds.
+    the sanitizers) and without ``PYTHONUNBUFFERED`` (it buffers its output as a user's
+    interpreter does), plus ``env``. ``prefix`` is a command that runs the interpreter
+    (``unshare -m``); ``user`` runs it as that uid/gid via setpriv. ``stdout`` is a file
+    descriptor for its standard output (``.stdout`` is then None); by default it is captured.
+    Raises AssertionError, saying what was run, if it is still running after ``timeout`` s.
     """
     full_env = dict(os.environ)
     if not keep_preload:
         full_env.pop("LD_PRELOAD", None)
     full_env.pop("PYTHONUNBUFFERED", None)
     full_env.update(env or {})
-    command = [sys.executable, *(["-c", code] if code is not None else []), *args]
+    command = [*prefix, sys.executable, *(["-c", code] if code is not None else []), *args]
     if user is not None:
         command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
     try:
@@ -89,7 +92,9 @@ descriptor for its standard output (then ``.stdout`` is None); by default it is 
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as exc:
-        shown = " ".join(command if code is None else [*command[:1], "-c", "<code>", *args])
+        shown = " ".join(
+            command if code is None else [*prefix, sys.executable, "-c", "<code>", *args]
+        )
         raise AssertionError(
             f"{shown} still running after {timeout:g} s; its output so far:\n"
             f"{_text(exc.stdout)}\n{_text(exc.stderr)}"
@@ -133,6 +138,21 @@ def _run(
     if emitted is None:
         raise AssertionError(f"workload printed no RESULT line:\n{proc.stdout}\n{proc.stderr}")
     return emitted
+
+
+def shared_library(source: str, folder: Path, name: str) -> Path:
+    """Compile C ``source`` into ``folder/lib<name>.so`` (an LD_PRELOAD shim), or skip."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip(f"no C compiler to build lib{name}.so")
+    (folder / f"{name}.c").write_text(source)
+    library = folder / f"lib{name}.so"
+    subprocess.run(
+        [compiler, "-O1", "-shared", "-fPIC", "-o", str(library), str(folder / f"{name}.c")],
+        check=True,
+        capture_output=True,
+    )
+    return library
 
 
 def pytest_report_header() -> str:

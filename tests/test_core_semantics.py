@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import shutil
-import subprocess
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import shared_library
 
 import memreclaim
 
@@ -75,15 +74,7 @@ libc.free.argtypes = [ctypes.c_void_p]
 @pytest.fixture(scope="module")
 def trim_shim(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The environment that makes trim() call the shim."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler to build the malloc_trim shim")
-    directory = tmp_path_factory.mktemp("shim")
-    (directory / "shim.c").write_text(SHIM_C)
-    lib = directory / "libtrimshim.so"
-    subprocess.run(
-        [cc, "-shared", "-fPIC", "-o", str(lib), str(directory / "shim.c"), "-ldl"], check=True
-    )
+    lib = shared_library(SHIM_C, tmp_path_factory.mktemp("shim"), "trimshim")
     return {"LD_PRELOAD": str(lib), "MEMRECLAIM_TEST_MALLOC_SYMBOL": "malloc_trim"}
 
 
