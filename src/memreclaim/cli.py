@@ -156,6 +156,7 @@ class Recorder:
         self.phases: list[Phase] = []
         self.samples: list[tuple[float, int]] = []
         self.build_seconds = 0.0  # the workload's build step, as its progress line shows it
+        self.build_label = ""
         self.start = time.perf_counter()
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -238,7 +239,7 @@ def _spike(rec: Recorder, scale: float) -> object:
     count = max(1000, int(160_000 * scale))
     with rec.progress.step(f"building {count:,} strings of 600-4,000 bytes") as step:
         data = workloads.strings(count)
-    rec.build_seconds = step.seconds or 0.0
+    rec.build_seconds, rec.build_label = step.seconds or 0.0, step.label
     rec.mark("peak")
     survivors = workloads.keep_every(data, 50)
     del data
@@ -259,7 +260,7 @@ def _buffers(rec: Recorder, scale: float) -> object:
 
     with rec.progress.step(f"{rounds} rounds of 12 buffers of 1-5 MiB") as step:
         survivors = workloads.buffers(rounds, live_rounds=3, after_round=after_round)
-    rec.build_seconds = step.seconds or 0.0
+    rec.build_seconds, rec.build_label = step.seconds or 0.0, step.label
     gc.collect()
     rec.mark("after free")
     return survivors
@@ -271,7 +272,7 @@ def _dicts(rec: Recorder, scale: float) -> object:
     count = max(10_000, int(1_000_000 * scale))
     with rec.progress.step(f"building a dict of {count:,} dicts") as step:
         outer = workloads.dicts(count)
-    rec.build_seconds = step.seconds or 0.0
+    rec.build_seconds, rec.build_label = step.seconds or 0.0, step.label
     rec.mark("peak")
     survivors = workloads.keep_every(list(outer.values()), 1000)
     outer.clear()
@@ -384,7 +385,9 @@ def run_demo(
     code, text = demo_verdict(rec.phases)
     return DemoResult(
         workload=workload,
-        description=description if scale == 1.0 else f"{description}, scaled by {scale:g}",
+        description=description
+        if scale == 1.0
+        else f"{description}, scaled by {scale:g}: {rec.build_label.removeprefix('building ')}",
         python=platform.python_version(),
         allocator=memreclaim.allocator(),
         allocator_version=memreclaim.allocator_version(),
