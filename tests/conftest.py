@@ -1,7 +1,9 @@
 """Shared test helpers.
 
 Memory is process-global state: every test that measures it runs its workload in a fresh
-interpreter (``run_python``), so one test's heap cannot decide another's.
+interpreter (``run_python``), so one test's heap cannot decide another's. ``run_child`` is the
+one way to start such an interpreter: ``run_python`` and every test that runs the command line,
+a benchmark or a stress script go through it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +66,12 @@ def _find_allocator_libs() -> dict[str, Path | None]:
 
 ALLOCATOR_LIBS = _find_allocator_libs()
 
-# Prelude for workload scripts: the seed 000 spike and an independent /proc reader.
+# Prelude for workload scripts: the burst spike (memreclaim.workloads) and an independent
+# /proc reader.
 PRELUDE = '''
 import gc, json, os, random, sys
 import memreclaim
+from memreclaim import workloads
 
 PAGE = os.sysconf("SC_PAGESIZE")
 
@@ -78,42 +82,122 @@ def statm():
     return int(fields[1]) * PAGE, (int(fields[1]) - int(fields[2])) * PAGE
 
 def seed000_spike(keep_every=50):
-    """160,000 strings of 600-4,000 bytes (malloc's, not pymalloc's); keep every 50th."""
-    r = random.Random(0)
-    data = [("x" * r.randint(600, 4000), r.random()) for _ in range(160_000)]
-    survivors = data[::keep_every]
-    return data, survivors
+    """workloads.strings(): 160,000 strings of 600-4,000 bytes; keep every 50th."""
+    data = workloads.strings()
+    return data, workloads.keep_every(data, keep_every)
 
 def emit(**values):
-    print("RESULT " + json.dumps(values))
+    print("RESULT " + json.dumps(values), flush=True)
 '''
+
+
+def run_child(
+    args: Sequence[str] = (),
+    *,
+    code: str | None = None,
+    env: Mapping[str, str] | None = None,
+    keep_preload: bool = False,
+    timeout: float = 180,
+    cwd: Path | str | None = None,
+    user: str | None = None,
+    stdout: int | None = None,
+    prefix: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
+    """Run ``[prefix] sys.executable [-c code] *args``; return its CompletedProcess (text).
+
+    The child gets this environment without ``LD_PRELOAD`` (unless ``keep_preload``: e.g. under
+    the sanitizers) and without ``PYTHONUNBUFFERED`` (it buffers its output as a user's
+    interpreter does), plus ``env``. ``prefix`` is a command that runs the interpreter
+    (``unshare -m``); ``user`` runs it as that uid/gid via setpriv. ``stdout`` is a file
+    descriptor for its standard output (``.stdout`` is then None); by default it is captured.
+    Raises AssertionError, saying what was run, if it is still running after ``timeout`` s.
+    """
+    full_env = dict(os.environ)
+    if not keep_preload:
+        full_env.pop("LD_PRELOAD", None)
+    full_env.pop("PYTHONUNBUFFERED", None)
+    full_env.update(env or {})
+    command = [*prefix, sys.executable, *(["-c", code] if code is not None else []), *args]
+    if user is not None:
+        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
+    try:
+        return subprocess.run(
+            command,
+            stdout=subprocess.PIPE if stdout is None else stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full_env,
+            cwd=cwd,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        shown = " ".join(
+            command if code is None else [*prefix, sys.executable, "-c", "<code>", *args]
+        )
+        raise AssertionError(
+            f"{shown} still running after {timeout:g} s; its output so far:\n"
+            f"{_text(exc.stdout)}\n{_text(exc.stderr)}"
+        ) from None
+
+
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 def _run(
     code: str,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
     timeout: float = 180,
-    params: dict[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
     prelude: bool = True,
+    *,
+    keep_preload: bool = False,
+    check: bool = True,
 ) -> dict[str, Any]:
+    """Run a workload (PRELUDE + params + code) in a fresh interpreter; return what it emitted.
+
+    With ``check=False`` a non-zero exit is allowed: the result then also holds the child's
+    ``returncode``, ``stdout`` and ``stderr`` (and the emitted values, if any).
+    """
     header = "".join(f"{name} = {value!r}\n" for name, value in (params or {}).items())
-    full_env = dict(os.environ)
-    full_env.pop("LD_PRELOAD", None)
-    if env:
-        full_env.update(env)
-    proc = subprocess.run(
-        [sys.executable, "-c", (PRELUDE if prelude else "") + header + textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=full_env,
+    proc = run_child(
+        code=(PRELUDE if prelude else "") + header + textwrap.dedent(code),
+        env=env,
+        keep_preload=keep_preload,
         timeout=timeout,
     )
-    assert proc.returncode == 0, f"workload failed ({proc.returncode}):\n{proc.stderr}"
+    emitted: dict[str, Any] | None = None
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[len("RESULT ") :])
-            return result
-    raise AssertionError(f"workload printed no RESULT line:\n{proc.stdout}\n{proc.stderr}")
+            emitted = json.loads(line[len("RESULT ") :])
+            break
+    if not check:
+        raw = {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+        return {**(emitted or {}), **raw}
+    assert proc.returncode == 0, f"workload failed ({proc.returncode}):\n{proc.stderr}"
+    if emitted is None:
+        raise AssertionError(f"workload printed no RESULT line:\n{proc.stdout}\n{proc.stderr}")
+    return emitted
+
+
+def shared_library(source: str, folder: Path, name: str) -> Path:
+    """Compile C ``source`` into ``folder/lib<name>.so`` (an LD_PRELOAD shim), or skip."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip(f"no C compiler to build lib{name}.so")
+    (folder / f"{name}.c").write_text(source)
+    library = folder / f"lib{name}.so"
+    subprocess.run(
+        [compiler, "-O1", "-shared", "-fPIC", "-o", str(library), str(folder / f"{name}.c")],
+        check=True,
+        capture_output=True,
+    )
+    return library
+
+
+def pytest_report_header() -> str:
+    seed = os.environ.get("MEMRECLAIM_FUZZ_SEED", "0")
+    return f"memreclaim fuzz seed: {seed} (MEMRECLAIM_FUZZ_SEED)"
 
 
 @pytest.fixture
@@ -122,6 +206,10 @@ def run_python() -> Callable[..., dict[str, Any]]:
 
     ``params`` become module-level constants of the workload. ``prelude=False`` runs the code
     in a bare interpreter (no PRELUDE, no memreclaim): it prints its own ``RESULT {json}`` line.
+    ``env`` is added to the
+    environment (``LD_PRELOAD`` is dropped unless ``keep_preload=True``); ``timeout`` bounds the
+    run; ``check=False`` returns ``returncode``/``stdout``/``stderr`` too, for workloads that are
+    expected to fail.
     """
     return _run
 

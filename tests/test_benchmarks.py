@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -20,14 +18,8 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     out = tmp_path_factory.mktemp("bench")
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
+    proc = run_child(
+        [str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(out)], timeout=240
     )
     assert proc.returncode == 0, proc.stderr
     return out, json.loads((out / "retention.json").read_text())
@@ -132,11 +124,6 @@ def test_quick_plots_are_pngs(quick_run: tuple[Path, dict[str, Any]]) -> None:
 
 
 def test_bad_arguments_exit_2() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--repeat", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_child([str(ROOT / "benchmarks" / "run.py"), "--repeat", "0"], timeout=60)
     assert proc.returncode == 2
     assert "--repeat must be at least 1" in proc.stderr

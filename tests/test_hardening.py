@@ -17,13 +17,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import allocator_lib
+from conftest import allocator_lib, run_child, shared_library
 
 import memreclaim
 
@@ -49,32 +48,21 @@ no_preload_under_asan = pytest.mark.skipif(
 
 
 def run(
-    argv: list[str],
+    args: list[str],
     *,
     env: dict[str, str] | None = None,
     timeout: float = 120,
     preload: str | None = None,
+    **options: Any,
 ) -> subprocess.CompletedProcess[str]:
-    """Run argv with the test's environment plus `env`; fail clearly on a timeout."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    if preload is not None:
-        full_env["LD_PRELOAD"] = preload
-    try:
-        return subprocess.run(
-            argv, env=full_env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout
-        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr
-        pytest.fail(
-            f"{argv} did not finish within {timeout} s (deadlock or hang)\n"
-            f"stdout:\n{out}\nstderr:\n{err}"
-        )
+    """The interpreter with ``args``, this environment (LD_PRELOAD included: the sanitizer
+    runtime) plus ``env`` and ``preload``; a hang fails with its output (see run_child)."""
+    env = {**(env or {}), **({"LD_PRELOAD": preload} if preload is not None else {})}
+    return run_child(args, env=env, timeout=timeout, keep_preload=True, **options)
 
 
 def script(name: str, *args: str) -> list[str]:
-    return [sys.executable, str(STRESS / name), *args]
+    return [str(STRESS / name), *args]
 
 
 def last_json(proc: subprocess.CompletedProcess[str]) -> Any:
@@ -94,14 +82,15 @@ def discipline(*args: str, env: dict[str, str] | None = None) -> list[dict[str, 
     # sys.getallocatedblocks() counts pymalloc's blocks only: keep pymalloc on even where the
     # sanitizer job sets PYTHONMALLOC=malloc.
     env = {**(env or {}), "PYTHONMALLOC": "pymalloc"}
-    proc = run(script("discipline.py", *args), env=env, timeout=240)
+    # a bound for a hang, not a timing: 100k calls per case take minutes on a loaded machine
+    proc = run(script("discipline.py", *args), env=env, timeout=900)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines and lines[-1].get("summary"), explain(proc)
     assert proc.returncode == (1 if lines[-1]["failed"] else 0), explain(proc)
     return lines
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(960)
 @pytest.mark.parametrize("hide", ["", "malloc_trim"], ids=["native-allocator", "unknown-allocator"])
 def test_every_call_100k_times_leaves_blocks_objects_and_refs_flat(hide: str) -> None:
     """Each public call, success and error paths, 100,000 times (arenas() and the Python
@@ -126,7 +115,7 @@ def test_every_call_100k_times_leaves_blocks_objects_and_refs_flat(hide: str) ->
             assert outcomes[name] == "UnsupportedAllocatorError", (name, outcomes[name])
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(960)
 def test_stats_with_tracemalloc_on_stays_flat() -> None:
     """stats() takes its traced-memory branch (the tuple from _tracemalloc) when tracing."""
     lines = discipline("--tracemalloc", "--only", "stats(", "--scale", "0.3")
@@ -134,7 +123,7 @@ def test_stats_with_tracemalloc_on_stays_flat() -> None:
     assert all(not case["over"] for case in lines[:-1]), lines
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(960)
 def test_discipline_check_catches_a_leak() -> None:
     """The check can fail: a call leaking one object (or one reference) per call is reported."""
     lines = discipline("--canary", "--only", "canary")
@@ -273,7 +262,8 @@ def under_fake_proc(
         "MR_STATUS": status,
         "MR_REAL_PROC_LINKS": "1" if UNDER_ASAN else "",
     }
-    return run(["unshare", "-m", "sh", "-c", _FAKE_PROC, "sh", *argv], env=env, timeout=60)
+    prefix = ["unshare", "-m", "sh", "-c", _FAKE_PROC, "sh"]
+    return run(argv, prefix=prefix, env=env, timeout=60)
 
 
 def probe_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -375,7 +365,7 @@ _HIDE_PROC_LATER = textwrap.dedent(
 @needs_unshare
 @pytest.mark.timeout(120)
 def test_proc_hidden_after_import_kept_descriptor_then_fork() -> None:
-    proc = run(["unshare", "-m", sys.executable, "-c", _HIDE_PROC_LATER], timeout=60)
+    proc = run([], code=_HIDE_PROC_LATER, prefix=["unshare", "-m"], timeout=60)
     assert proc.returncode == 0, explain(proc)
     report = last_json(proc)
     assert report["before"] > 0 and report["rss_after_hiding"] > 0
@@ -430,7 +420,7 @@ _FD_REUSE = textwrap.dedent(
 def test_statm_descriptor_closed_and_reused_behind_our_back() -> None:
     """The program closes the kept /proc/self/statm descriptor and reuses its number: rss() must
     neither close the program's descriptor nor read it as RSS."""
-    proc = run([sys.executable, "-c", _FD_REUSE], timeout=60)
+    proc = run([], code=_FD_REUSE, timeout=60)
     assert proc.returncode == 0, explain(proc)
     report = last_json(proc)
     assert report["socket_still_open"] is True
@@ -502,24 +492,13 @@ _PROBE_WITH_SHIM = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def malloc_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler to build the malloc shim")
-    folder = tmp_path_factory.mktemp("shim")
-    (folder / "shim.c").write_text(_SHIM)
-    library = folder / "libshim.so"
-    subprocess.run(
-        [compiler, "-O1", "-shared", "-fPIC", "-o", str(library), str(folder / "shim.c")],
-        check=True,
-        capture_output=True,
-    )
-    return library
+    return shared_library(_SHIM, tmp_path_factory.mktemp("shim"), "shim")
 
 
 @no_preload_under_asan
 @pytest.mark.timeout(120)
 def test_unknown_allocator_trims_nothing_and_knobs_raise(malloc_shim: Path) -> None:
-    proc = run([sys.executable, "-c", _PROBE_WITH_SHIM, str(STRESS)], preload=str(malloc_shim))
+    proc = run([str(STRESS)], code=_PROBE_WITH_SHIM, preload=str(malloc_shim))
     out = probe_json(proc)
     assert out["allocator"] == {"ok": "unknown"}
     assert out["allocator_version"] == {"ok": None}

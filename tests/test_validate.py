@@ -7,6 +7,7 @@ import math
 import pytest
 
 from memreclaim import _validate, workloads
+from memreclaim.units import parse_bytes
 
 
 @pytest.mark.parametrize(
@@ -98,18 +99,39 @@ def test_workloads_shapes_and_errors() -> None:
         workloads.keep_every(data, "2")  # type: ignore[arg-type]
 
 
-def test_every_trim_is_accounted_once() -> None:
-    import memreclaim
-    from memreclaim import _accounting
+def test_integer_default_minimum_is_zero() -> None:
+    assert _validate.integer("n", 0) == 0
+    with pytest.raises(ValueError, match=">= 0, got -1"):
+        _validate.integer("n", -1)
 
-    before = _accounting.totals()
-    result = memreclaim.trim()
-    after = _accounting.totals()
-    assert after.trims == before.trims + 1
-    assert after.released_bytes - before.released_bytes == (result.released or 0)
-    assert after.seconds - before.seconds == pytest.approx(result.seconds)
-    assert sum(after.seconds_buckets) == after.trims
-    _accounting.record(None, 99.0)  # unknown release: unproductive, in the overflow bucket
-    last = _accounting.totals()
-    assert last.unproductive == after.unproductive + 1
-    assert last.seconds_buckets[-1] == after.seconds_buckets[-1] + 1
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [
+        ("1 KiB", 1024),
+        ("1kb", 1000),
+        ("1 MB", 1_000_000),
+        ("1 MiB", 1 << 20),
+        ("1.5 MiB", 3 << 19),
+        ("2g", 2_000_000_000),
+        (" 7 ", 7),
+        (0, 0),
+    ],
+)
+def test_parse_bytes_units(text: str | int, nbytes: int) -> None:
+    assert parse_bytes(text) == nbytes
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (-1, ValueError),
+        ("-1", ValueError),
+        ("1 XB", ValueError),
+        (True, TypeError),
+        (1.0, TypeError),
+    ],
+)
+def test_parse_bytes_rejects(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        parse_bytes(value)  # type: ignore[arg-type]

@@ -8,7 +8,8 @@
 #
 # Environment: PYTHON (default .venv/bin/python, with the test extra installed), BUILD (default
 # build/sanitize), BUILD_VENV (default build/sanitize-venv: setuptools for setup.py), JOBS (pytest
-# -n, default 2), CC (default gcc: the ASan runtime preloaded is gcc's).
+# -n, default 2), CC (default gcc: the ASan runtime preloaded is gcc's), MEMRECLAIM_FUZZ_SEED
+# (the fuzz cases' seed, default 0: printed; the same seed reruns the same cases).
 #
 # The normal in-place build is untouched: the sanitized extension and a copy of the Python package
 # go to $BUILD/lib, which comes first on PYTHONPATH. ASan serves malloc itself, so allocator
@@ -76,6 +77,9 @@ if [ $# -eq 0 ]; then
         [ -f "$extra" ] && set -- "$@" "$extra"
     done
 fi
+# The fuzz cases are a fixed number from a fixed seed: the same seed reruns the same cases.
+export MEMRECLAIM_FUZZ_SEED=${MEMRECLAIM_FUZZ_SEED:-0}
+echo "== fuzz seed $MEMRECLAIM_FUZZ_SEED (MEMRECLAIM_FUZZ_SEED)"
 PLUGIN=()
 "$PYTHON" -c 'import memreclaim.pytest_plugin' 2>/dev/null || PLUGIN=(-p no:memreclaim)
 status=0

@@ -14,6 +14,7 @@ import time
 from _common import trim_and_emit
 
 import memreclaim
+from memreclaim import workloads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--count", type=int, default=1_000_000)
@@ -28,10 +29,10 @@ if args.pools:
 gc.collect()
 base = memreclaim.rss()
 start = time.perf_counter()
-outer: dict[int, dict[str, int]] = {i: {} for i in range(args.count)}
+outer = workloads.dicts(args.count)
 build = time.perf_counter() - start
 peak = memreclaim.rss()
-survivors = [outer[i] for i in range(0, args.count, args.keep_every)] if args.keep_every else []
+survivors = workloads.keep_every(list(outer.values()), args.keep_every)
 outer.clear()
 del outer
 trim_and_emit(

@@ -1,4 +1,5 @@
-"""Seed 000: 160,000 strings of 600-4,000 bytes from random.Random(0), keep every 50th, free.
+"""Seed 000: 160,000 strings of 600-4,000 bytes (memreclaim.workloads.strings), keep every 50th,
+free.
 
 Measures RSS at baseline, peak, after the free and after ``memreclaim.trim()`` (malloc_trim(0),
 jemalloc purge, mi_collect or tcmalloc release: whichever allocator serves this process), plus
@@ -10,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import random
 import threading
 import time
 
 from _common import trim_and_emit
 
 import memreclaim
+from memreclaim import workloads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--count", type=int, default=160_000)
@@ -26,8 +27,7 @@ args = parser.parse_args()
 
 
 def build_part(seed: int, count: int, out: list[tuple[str, float]]) -> None:
-    rng = random.Random(seed)
-    out.extend(("x" * rng.randint(600, 4000), rng.random()) for _ in range(count))
+    out.extend(workloads.strings(count, seed=seed))
 
 
 gc.collect()
@@ -51,7 +51,7 @@ else:  # each thread builds its share (glibc gives each its own arena), then the
     del parts
 build = time.perf_counter() - start
 peak = memreclaim.rss()
-survivors = data[:: args.keep_every]
+survivors = workloads.keep_every(data, args.keep_every)
 del data
 trim_and_emit(
     base=base,

@@ -14,12 +14,12 @@ stderr and exit with status 1; bad arguments exit with status 2 and argparse's u
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib.util
 import json
 import os
 import platform
-import random
 import runpy
 import sys
 import threading
@@ -28,14 +28,16 @@ import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import memreclaim
-from memreclaim.units import format_bytes, parse_bytes
+from memreclaim import _validate, workloads
+from memreclaim.units import format_bytes
 
 __all__ = ["main"]
 
 MiB = 1 << 20
+_T = TypeVar("_T")
 _NO_MATPLOTLIB = (
     "--plot needs matplotlib: pip install 'memreclaim[plot]' (or pip install matplotlib)"
 )
@@ -49,6 +51,15 @@ class CliError(Exception):
 # progress on stderr: a step that ends within a second prints nothing
 
 
+@dataclass
+class Step:
+    """One timed step: ``seconds`` is set when it ends (the body may set it first, to report
+    a more precise figure of its own, e.g. the trim's own duration)."""
+
+    label: str
+    seconds: float | None = None
+
+
 class Progress:
     """Print ``step...`` on stderr for steps that take longer than ``delay`` seconds."""
 
@@ -58,13 +69,22 @@ class Progress:
         self.delay = delay
 
     @contextmanager
-    def step(self, label: str) -> Iterator[None]:
-        """Context manager around one step; announces it only once it has run ``delay`` s."""
+    def step(self, label: str) -> Iterator[Step]:
+        """Context manager around one step; announces it only once it has run ``delay`` s.
+
+        Yields a :class:`Step` whose ``seconds`` holds the step's duration once it ends, the
+        figure the progress line shows (so a summary can print the same one).
+        """
+        step = Step(label)
+        start = time.perf_counter()
         if not self.enabled:
-            yield
+            try:
+                yield step
+            finally:
+                if step.seconds is None:
+                    step.seconds = time.perf_counter() - start
             return
         shown = threading.Event()
-        start = time.perf_counter()
 
         def announce() -> None:
             shown.set()
@@ -74,12 +94,18 @@ class Progress:
         timer.daemon = True
         timer.start()
         try:
-            yield
+            yield step
         finally:
             timer.cancel()
+            if step.seconds is None:
+                step.seconds = time.perf_counter() - start
             if shown.is_set():
-                elapsed = time.perf_counter() - start
-                print(f"  {label}: done in {elapsed:.1f} s", file=self.stream, flush=True)
+                print(f"  {label}: done in {_duration(step.seconds)}", file=self.stream, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    """A duration as the demo prints it everywhere: ``1.2 s`` or ``35.0 ms``."""
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.1f} ms"
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,6 +155,8 @@ class Recorder:
         self.progress = progress
         self.phases: list[Phase] = []
         self.samples: list[tuple[float, int]] = []
+        self.build_seconds = 0.0  # the workload's build step, as its progress line shows it
+        self.build_label = ""
         self.start = time.perf_counter()
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -206,13 +234,14 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 
 def _spike(rec: Recorder, scale: float) -> object:
-    """Seed 000: strings of 600-4,000 bytes (malloc's, not pymalloc's), keep every 50th."""
+    """A burst of requests: strings of 600-4,000 bytes (malloc's, not pymalloc's), keep every
+    50th (:func:`memreclaim.workloads.strings`)."""
     count = max(1000, int(160_000 * scale))
-    rng = random.Random(0)
-    with rec.progress.step(f"building {count:,} strings of 600-4,000 bytes"):
-        data = [("x" * rng.randint(600, 4000), rng.random()) for _ in range(count)]
+    with rec.progress.step(f"building {count:,} strings of 600-4,000 bytes") as step:
+        data = workloads.strings(count)
+    rec.build_seconds, rec.build_label = step.seconds or 0.0, step.label
     rec.mark("peak")
-    survivors = data[::50]
+    survivors = workloads.keep_every(data, 50)
     del data
     gc.collect()
     rec.mark("after free")
@@ -220,39 +249,32 @@ def _spike(rec: Recorder, scale: float) -> object:
 
 
 def _buffers(rec: Recorder, scale: float) -> object:
-    """Seed 004: rounds of 1-5 MiB buffers with small objects between them; each round's last
-    three buffers stay alive for three rounds; one small string per buffer survives."""
+    """Rounds of 1-5 MiB buffers with small objects between them; each round's last three
+    buffers stay alive for three rounds; one small string per buffer survives
+    (:func:`memreclaim.workloads.buffers`)."""
     rounds = max(2, int(20 * scale))
-    rng = random.Random(4)
-    survivors: list[str] = []
-    outputs: list[list[bytes]] = []
-    with rec.progress.step(f"{rounds} rounds of 12 buffers of 1-5 MiB"):
-        for _ in range(rounds):
-            buffers: list[bytes] = []
-            temps: list[str] = []
-            for _ in range(12):
-                buffers.append(b"\x01" * rng.randint(1 * MiB, 5 * MiB))
-                temps.extend("y" * rng.randint(600, 2000) for _ in range(40))
-                survivors.append("z" * rng.randint(600, 2000))
-            rec.mark_max("peak")
-            outputs.append(buffers[-3:])
-            if len(outputs) > 3:
-                outputs.pop(0)
-            del buffers, temps
-            gc.collect()
-    outputs.clear()
+
+    def after_round(_: int) -> None:
+        gc.collect()
+        rec.mark_max("peak")
+
+    with rec.progress.step(f"{rounds} rounds of 12 buffers of 1-5 MiB") as step:
+        survivors = workloads.buffers(rounds, live_rounds=3, after_round=after_round)
+    rec.build_seconds, rec.build_label = step.seconds or 0.0, step.label
     gc.collect()
     rec.mark("after free")
     return survivors
 
 
 def _dicts(rec: Recorder, scale: float) -> object:
-    """Seed 003: a dict of a million small dicts (pymalloc's), keep every 1000th inner dict."""
+    """A dict of a million small dicts (pymalloc's), keep every 1000th inner dict
+    (:func:`memreclaim.workloads.dicts`)."""
     count = max(10_000, int(1_000_000 * scale))
-    with rec.progress.step(f"building a dict of {count:,} dicts"):
-        outer: dict[int, dict[str, int]] = {i: {} for i in range(count)}
+    with rec.progress.step(f"building a dict of {count:,} dicts") as step:
+        outer = workloads.dicts(count)
+    rec.build_seconds, rec.build_label = step.seconds or 0.0, step.label
     rec.mark("peak")
-    survivors = [outer[i] for i in range(0, count, 1000)]
+    survivors = workloads.keep_every(list(outer.values()), 1000)
     outer.clear()
     del outer
     gc.collect()
@@ -265,18 +287,18 @@ def _dicts(rec: Recorder, scale: float) -> object:
 WORKLOADS: dict[str, tuple[Callable[[Recorder, float], object], str, bool]] = {
     "spike": (
         _spike,
-        "160,000 strings of 600-4,000 bytes from random.Random(0), every 50th kept (seed 000)",
+        "a burst of 160,000 strings of 600-4,000 bytes, every 50th kept",
         True,
     ),
     "buffers": (
         _buffers,
         "20 rounds of 12 buffers of 1-5 MiB with small strings between them, 3 buffers per"
-        " round kept for 3 rounds, one string per buffer kept (seed 004)",
+        " round kept for 3 rounds, one string per buffer kept",
         True,
     ),
     "dicts": (
         _dicts,
-        "a dict of 1,000,000 empty dicts, every 1000th kept (seed 003)",
+        "a dict of 1,000,000 empty dicts, every 1000th kept",
         False,
     ),
 }
@@ -350,11 +372,10 @@ def run_demo(
     rec = Recorder(trace, progress, 0.01 if sample else None)
     try:
         rec.mark("baseline")
-        start = time.perf_counter()
         survivors = build(rec, scale)
-        build_seconds = time.perf_counter() - start
-        with progress.step("trimming"):
+        with progress.step("trimming") as step:
             result = memreclaim.trim()
+            step.seconds = result.seconds  # the figure the summary prints too
         rec.mark("after trim")
         del survivors
     finally:
@@ -364,13 +385,15 @@ def run_demo(
     code, text = demo_verdict(rec.phases)
     return DemoResult(
         workload=workload,
-        description=description if scale == 1.0 else f"{description}, scaled by {scale:g}",
+        description=description
+        if scale == 1.0
+        else f"{description}, scaled by {scale:g}: {rec.build_label.removeprefix('building ')}",
         python=platform.python_version(),
         allocator=memreclaim.allocator(),
         allocator_version=memreclaim.allocator_version(),
         traced=trace,
         phases=rec.phases,
-        build_seconds=build_seconds,
+        build_seconds=rec.build_seconds,
         trim_seconds=result.seconds,
         trim_released=result.released,
         trim_method=result.method,
@@ -401,8 +424,8 @@ def format_demo(result: DemoResult) -> str:
         )
     lines.append("")
     lines.append(
-        f"build took {result.build_seconds:.2f} s; {result.trim_method} took"
-        f" {result.trim_seconds * 1000:.1f} ms and released {_size(result.trim_released)}"
+        f"build took {_duration(result.build_seconds)}; {result.trim_method} took"
+        f" {_duration(result.trim_seconds)} and released {_size(result.trim_released)}"
         " (anonymous RSS)"
     )
     if result.traced:
@@ -762,31 +785,36 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 # argument parsing
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+def _argument(
+    convert: Callable[[str], Any], check: Callable[[str, Any], _T], name: str
+) -> Callable[[str], _T]:
+    """An argparse ``type``: ``convert`` the text, then ``check(name, value)`` it with
+    :mod:`memreclaim._validate`, so the command line accepts what the API accepts."""
+
+    def parse(text: str) -> _T:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        try:
+            return check(name, value)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def _scale(name: str, value: float) -> float:
+    if not (0 < value < float("inf")):  # a factor, not seconds or bytes: none of _validate's
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
     return value
 
 
-def _size_arg(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _pid_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a PID: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"a PID is a positive integer, got {text!r}")
-    return value
+_positive_float = _argument(float, _scale, "value")
+_seconds_arg = _argument(float, _validate.seconds, "value")
+_size_arg = _argument(str, _validate.size, "value")
+_pid_arg = _argument(int, functools.partial(_validate.integer, minimum=1), "PID")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -808,8 +836,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workload",
         choices=sorted(WORKLOADS),
         default="spike",
-        help="spike: seed 000's strings (default); buffers: seed 004's 1-5 MiB buffers;"
-        " dicts: seed 003's dict of dicts",
+        help="spike: a burst of 160,000 strings, every 50th kept (default); buffers: rounds of"
+        " 1-5 MiB buffers; dicts: a dict of a million dicts",
     )
     demo.add_argument("--json", action="store_true", help="print the measurements as JSON")
     demo.add_argument("--plot", metavar="FILE.png", help="draw RSS over time (needs matplotlib)")
@@ -861,7 +889,7 @@ def build_parser() -> argparse.ArgumentParser:
         " (-m MODULE | [--] SCRIPT) [ARGS...]",
     )
     run.add_argument(
-        "--interval", type=_positive_float, default=1.0, help="seconds between checks (1)"
+        "--interval", type=_seconds_arg, default=1.0, help="seconds between checks (1)"
     )
     run.add_argument(
         "--slack",
@@ -871,7 +899,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--min-interval",
-        type=_positive_float,
+        type=_seconds_arg,
         default=10.0,
         help="seconds between two trims at least (default 10)",
     )
@@ -907,7 +935,28 @@ def _split_run(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m memreclaim`` and the ``memreclaim`` script; returns the status."""
+    """Entry point of ``python -m memreclaim`` and the ``memreclaim`` script; returns the status.
+
+    A reader that leaves early (``memreclaim stats | head -1``) ends the command quietly with
+    status 141 (as if killed by SIGPIPE, like other command-line tools), whenever the write
+    happens: stdout is flushed here, not at interpreter exit where the error would be reported
+    as "Exception ignored" and status 120.
+    """
+    try:
+        try:
+            status = _main(argv)
+        except SystemExit:  # --help, --version and usage errors print, then exit
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
+        return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     options, program = _split_run(argv)
@@ -932,7 +981,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # e.g. `memreclaim stats | head -1`: the reader left, not an error
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
-        return 141

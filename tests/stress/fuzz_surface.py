@@ -7,8 +7,12 @@ means the C code returned NULL without an exception, or an exception with a non-
 
     python tests/stress/fuzz_surface.py --examples 300     # what tests/test_fuzz.py runs
     python tests/stress/fuzz_surface.py --examples 5000    # the stress variant
+    MEMRECLAIM_FUZZ_SEED=7 python tests/stress/fuzz_surface.py   # other cases, reproducibly
 
-Prints a JSON summary and exits 0; a failure prints hypothesis's minimal example and exits 1.
+A run is a fixed number of cases (``--examples`` per function) drawn from a fixed seed
+(``--seed``, default $MEMRECLAIM_FUZZ_SEED or 0; printed first), so the same seed runs the same
+cases. Prints a JSON summary and exits 0; a failure prints, per failing function, hypothesis's
+minimal example and the exception, lists the failing functions in the summary, and exits 1.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import ctypes
 import faulthandler
 import json
+import os
 import sys
 import time
 import traceback
@@ -27,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import memreclaim
@@ -207,9 +212,13 @@ def restore_knobs() -> None:
         _core.set_arena_max(8)
 
 
-def fuzz(name: str, examples: int, outcomes: Counter[str]) -> None:
+DEFAULT_SEED = int(os.environ.get("MEMRECLAIM_FUZZ_SEED", "0"))
+
+
+def fuzz(name: str, examples: int, outcomes: Counter[str], seed_value: int = DEFAULT_SEED) -> None:
     function, strategy, valid = TARGETS[name]
 
+    @seed(seed_value)
     @settings(
         max_examples=examples,
         deadline=None,
@@ -246,12 +255,28 @@ def _crash_on_int(*args: object, **kwargs: object) -> None:
         ctypes.string_at(0)
 
 
+def _system_error_on_int(*args: object, **kwargs: object) -> None:
+    """The --failing-canary target: SystemError whenever an int arrives (must be reported)."""
+    if any(type(value) is int for value in (*args, *kwargs.values())):
+        raise SystemError("canary: an int arrived")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=300, help="examples per function")
     parser.add_argument("--only", default="", help="fuzz only functions whose name has this")
     parser.add_argument("--crash-canary", action="store_true", help="add a target that segfaults")
+    parser.add_argument(
+        "--failing-canary", action="store_true", help="add a target that raises SystemError"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help="the cases' seed (default: $MEMRECLAIM_FUZZ_SEED or 0)",
+    )
     args = parser.parse_args(argv)
+    print(f"fuzz seed {args.seed}, {args.examples} examples per function", flush=True)
     faulthandler.enable()
     pools_enabled = None
     if _pools is not None:
@@ -263,28 +288,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pool reclaim not enabled: {exc}", file=sys.stderr)
     if args.crash_canary:
         TARGETS["crash canary"] = (_crash_on_int, shaped("one"), _is(type(None)))
+    if args.failing_canary:
+        TARGETS["failing canary"] = (_system_error_on_int, shaped("one"), _is(type(None)))
     warnings.simplefilter("ignore")
     outcomes: Counter[str] = Counter()
     started = time.perf_counter()
-    failures = []
+    failures: dict[str, str] = {}
     for name in TARGETS:
         if args.only not in name:
             continue
         try:
-            fuzz(name, args.examples, outcomes)
-        except Exception:  # hypothesis re-raises the minimal failing example
-            failures.append(f"{name}:\n{traceback.format_exc()}")
+            fuzz(name, args.examples, outcomes, args.seed)
+        except Exception as exc:  # hypothesis re-raises the minimal failing example
+            print(f"{name}:\n{traceback.format_exc()}", file=sys.stderr)
+            failures[name] = f"{type(exc).__name__}: {exc}"[:500]
     summary = {
         "allocator": memreclaim.allocator(),
+        "seed": args.seed,
         "examples_per_function": args.examples,
         "calls": sum(outcomes.values()),
         "seconds": round(time.perf_counter() - started, 2),
         "outcomes": dict(sorted(outcomes.items())),
         "pools_enabled": pools_enabled,
         "failures": len(failures),
+        "failed": failures,
     }
-    for failure in failures:
-        print(failure, file=sys.stderr)
     print(json.dumps(summary), flush=True)
     return 1 if failures else 0
 

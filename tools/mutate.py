@@ -1,0 +1,410 @@
+#!/usr/bin/env python3
+"""Mutation check: apply named source edits one at a time and see whether the tests notice.
+
+Each mutant is one (file, old, new) replacement in the source (``old`` must occur exactly
+once). For each mutant the script edits the file in place, rebuilds the extension when a .c file
+changed, runs the mutant's test files, and writes the original text back (in a ``finally``, so
+an interrupted run leaves no mutant behind; a rebuild then puts the original extension back).
+Run it in a scratch copy (``git archive HEAD | tar -x -C DIR``) to keep working meanwhile.
+A mutant is *killed* when the tests fail, *survived* when they pass.
+
+    python tools/mutate.py                 # every mutant
+    python tools/mutate.py --list          # names, files, tests
+    python tools/mutate.py trim-released-from-total-rss units-kib-is-1000
+    python tools/mutate.py --json out.json
+
+Exit status: 0 when every mutant was killed, 1 when one survived, 2 on a usage error or when a
+mutant no longer applies (its ``old`` text is gone: the source changed; update the mutant).
+
+Mutants marked ``depends`` target code that other work is rewriting (the pacing policy, the
+pytest plugin): when their ``old`` text is gone they are reported as ``stale``, not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = "src/memreclaim/"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    depends: bool = False  # on code another change is rewriting: stale, not failed, if gone
+
+
+SEMANTICS = "tests/test_core_semantics.py"
+MUTANTS = [
+    # --- the four mutants of issue 16
+    Mutant(
+        "trim-released-from-total-rss",
+        PKG + "_core.c",
+        "measured[0] = before.anon > after.anon ? before.anon - after.anon : 0;",
+        "measured[0] = before.resident > after.resident ? before.resident - after.resident : 0;",
+        (SEMANTICS,),
+    ),
+    Mutant(
+        "pin-mmap-threshold-ignores-value",
+        PKG + "_core.c",
+        "err = mr_glibc_mallopt(param, (int)v);",
+        "err = param == MR_M_MMAP_THRESHOLD ? 0 : mr_glibc_mallopt(param, (int)v);",
+        (SEMANTICS,),
+    ),
+    Mutant(
+        "trim-async-on-loop-thread",
+        PKG + "__init__.py",
+        "return await asyncio.to_thread(trim, pools=pools)",
+        "return trim(pools=pools)",
+        (SEMANTICS,),
+    ),
+    Mutant(
+        "trim-seconds-always-zero",
+        PKG + "_core.c",
+        "PyObject *item = PyFloat_FromDouble(seconds);",
+        "PyObject *item = PyFloat_FromDouble(0.0 * seconds);",
+        (SEMANTICS,),
+    ),
+    # --- trim
+    Mutant(
+        "trim-released-may-be-negative",
+        PKG + "_core.c",
+        "measured[0] = before.anon > after.anon ? before.anon - after.anon : 0;",
+        "measured[0] = before.anon - after.anon;",
+        (SEMANTICS,),
+    ),
+    Mutant(
+        "trim-not-accounted",
+        PKG + "__init__.py",
+        "_accounting.record(result.released, result.seconds)",
+        "pass",
+        (SEMANTICS, "tests/test_validate.py"),
+    ),
+    # --- trim accounting (memreclaim._accounting)
+    Mutant(
+        "accounting-unknown-release-is-productive",
+        PKG + "_accounting.py",
+        "if released is None or released < UNPRODUCTIVE_BELOW:",
+        "if released is not None and released < UNPRODUCTIVE_BELOW:",
+        (SEMANTICS,),
+    ),
+    Mutant(
+        "accounting-released-overwritten",
+        PKG + "_accounting.py",
+        "_released += released",
+        "_released = released",
+        (SEMANTICS,),
+    ),
+    Mutant(
+        "accounting-seconds-overwritten",
+        PKG + "_accounting.py",
+        "_seconds += seconds",
+        "_seconds = seconds",
+        (SEMANTICS,),
+    ),
+    Mutant(
+        "accounting-bucket-bound-exclusive",
+        PKG + "_accounting.py",
+        "if seconds <= bound),",
+        "if seconds < bound),",
+        (SEMANTICS,),
+    ),
+    Mutant(
+        "accounting-not-reset-in-fork-child",
+        PKG + "_accounting.py",
+        "os.register_at_fork(after_in_child=_reset_in_child)",
+        "pass",
+        (SEMANTICS,),
+    ),
+    # --- rss() and stats()
+    Mutant(
+        "rss-is-anonymous-only",
+        PKG + "_core.c",
+        "return PyLong_FromLongLong((long long)sample.resident);",
+        "return PyLong_FromLongLong((long long)sample.anon);",
+        (SEMANTICS, "tests/test_core.py"),
+    ),
+    Mutant(
+        "stats-anon-file-swapped",
+        PKG + "_core.c",
+        "int64_t figures[6] = {status.rss,       status.rss_anon, status.rss_file,",
+        "int64_t figures[6] = {status.rss,       status.rss_file, status.rss_anon,",
+        (SEMANTICS, "tests/test_core.py"),
+    ),
+    Mutant(
+        "stats-peak-swap-swapped",
+        PKG + "_core.c",
+        "status.rss_shmem, status.peak_rss, status.swap};",
+        "status.rss_shmem, status.swap, status.peak_rss};",
+        (SEMANTICS, "tests/test_core.py"),
+    ),
+    Mutant(
+        "stats-shmem-is-file",
+        PKG + "_core.c",
+        "status.rss_shmem, status.peak_rss, status.swap};",
+        "status.rss_file, status.peak_rss, status.swap};",
+        (SEMANTICS, "tests/test_core.py"),
+    ),
+    Mutant(
+        "stats-peak-is-current",
+        PKG + "procfs.c",
+        '{"VmHWM:", 6, offsetof(mr_status, peak_rss)},',
+        '{"VmRSS:", 6, offsetof(mr_status, peak_rss)},',
+        (SEMANTICS, "tests/test_core.py"),
+    ),
+    # --- heap_stats() on glibc
+    Mutant(
+        "heap-in-use-without-mmapped",
+        PKG + "alloc.c",
+        "out->in_use = (int64_t)(mi.uordblks + mi.hblkhd);",
+        "out->in_use = (int64_t)mi.uordblks;",
+        (SEMANTICS, "tests/test_core.py"),
+    ),
+    Mutant(
+        "heap-free-is-fastbins",
+        PKG + "alloc.c",
+        "out->free = (int64_t)mi.fordblks;",
+        "out->free = (int64_t)mi.fsmblks;",
+        (SEMANTICS, "tests/test_core.py"),
+    ),
+    Mutant(
+        "heap-mapped-without-mmapped",
+        PKG + "alloc.c",
+        "out->mapped = (int64_t)(mi.arena + mi.hblkhd);",
+        "out->mapped = (int64_t)mi.arena;",
+        (SEMANTICS, "tests/test_core.py"),
+    ),
+    # --- units.parse_bytes
+    Mutant(
+        "units-kib-is-1000",
+        PKG + "units.py",
+        '"kib": 1024,',
+        '"kib": 1000,',
+        ("tests/test_core.py", "tests/test_validate.py"),
+    ),
+    Mutant(
+        "units-mb-is-binary",
+        PKG + "units.py",
+        '"mb": 1000**2,',
+        '"mb": 1024**2,',
+        ("tests/test_core.py", "tests/test_validate.py"),
+    ),
+    Mutant(
+        "units-fraction-truncated",
+        PKG + "units.py",
+        "return int(float(number) * factor)",
+        "return int(float(number)) * factor",
+        ("tests/test_core.py", "tests/test_validate.py"),
+    ),
+    Mutant(
+        "units-negative-int-accepted",
+        PKG + "units.py",
+        "if value < 0:",
+        "if value < -1:",
+        ("tests/test_core.py", "tests/test_validate.py"),
+    ),
+    # --- memreclaim._validate
+    Mutant(
+        "validate-zero-seconds-accepted",
+        PKG + "_validate.py",
+        "if result < 0 or (result == 0 and not allow_zero):",
+        "if result < 0:",
+        ("tests/test_validate.py",),
+    ),
+    Mutant(
+        "validate-bool-is-seconds",
+        PKG + "_validate.py",
+        "if isinstance(value, bool) or not isinstance(value, int | float):\n"
+        '        raise TypeError(\n            f"{name} must be a number of seconds',
+        "if not isinstance(value, int | float):\n"
+        '        raise TypeError(\n            f"{name} must be a number of seconds',
+        ("tests/test_validate.py",),
+    ),
+    Mutant(
+        "validate-integer-minimum-off-by-one",
+        PKG + "_validate.py",
+        "if value < minimum:",
+        "if value < minimum - 1:",
+        ("tests/test_validate.py",),
+    ),
+    Mutant(
+        "validate-integer-no-maximum",
+        PKG + "_validate.py",
+        "if maximum is not None and value > maximum:",
+        "if False:",
+        ("tests/test_validate.py",),
+    ),
+    Mutant(
+        "validate-fraction-above-one",
+        PKG + "_validate.py",
+        "if not (0.0 <= result <= 1.0) or",
+        "if not (0.0 <= result <= 2.0) or",
+        ("tests/test_validate.py",),
+    ),
+    Mutant(
+        "validate-flag-takes-ints",
+        PKG + "_validate.py",
+        "if not isinstance(value, bool):",
+        "if not isinstance(value, int):",
+        ("tests/test_validate.py",),
+    ),
+    # --- the pacing policy and the plugin's thresholds (rewritten by other work: depends=True)
+    Mutant(
+        "pacing-trims-at-the-slack",
+        PKG + "watchdog.py",
+        "if self.growth(rss, traced) <= self._slack:",
+        "if self.growth(rss, traced) < self._slack:",
+        ("tests/test_watchdog.py",),
+        depends=True,
+    ),
+    Mutant(
+        "pacing-ignores-rising",
+        PKG + "watchdog.py",
+        "if not settled and previous is not None and rss - previous > self._settle:",
+        "if False:",
+        ("tests/test_watchdog.py",),
+        depends=True,
+    ),
+    Mutant(
+        "pacing-ignores-min-interval",
+        PKG + "watchdog.py",
+        "if self._last_trim is not None and now < self._last_trim + self._wait:",
+        "if False:",
+        ("tests/test_watchdog.py",),
+        depends=True,
+    ),
+    Mutant(
+        "plugin-leak-limit-ignored",
+        PKG + "pytest_plugin.py",
+        "if leak is not None and report.leak_per_iteration > leak:",
+        "if False:",
+        ("tests/test_plugin.py",),
+        depends=True,
+    ),
+    Mutant(
+        "plugin-retained-limit-ignored",
+        PKG + "pytest_plugin.py",
+        "if retained is not None and report.retained > retained:",
+        "if False:",
+        ("tests/test_plugin.py",),
+        depends=True,
+    ),
+]
+
+
+def build() -> None:
+    """Rebuild the extension (``pip install -e .``: the build needs pip's isolated setuptools)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"build failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def run_tests(tests: tuple[str, ...], workers: int, timeout: float) -> tuple[bool, str]:
+    """(passed, last lines of the output) of pytest on ``tests``."""
+    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    if workers > 1:
+        argv[3:3] = ["-n", str(workers)]
+    try:
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"pytest still running after {timeout:g} s (counted as killed: a hang)"
+    tail = "\n".join(proc.stdout.strip().splitlines()[-3:])
+    return proc.returncode == 0, tail
+
+
+def apply(mutant: Mutant, original: str) -> bool:
+    """Edit the file; False when the mutant no longer applies (``old`` is not there once)."""
+    if original.count(mutant.old) != 1:
+        return False
+    (ROOT / mutant.file).write_text(original.replace(mutant.old, mutant.new))
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument("-n", "--workers", type=int, default=1, help="pytest -n (default 1)")
+    parser.add_argument(
+        "--timeout", type=float, default=900, help="seconds allowed per mutant's test run"
+    )
+    args = parser.parse_args(argv)
+    by_name = {m.name: m for m in MUTANTS}
+    unknown = [n for n in args.names if n not in by_name]
+    if unknown:
+        parser.error(f"unknown mutant(s): {', '.join(unknown)} (see --list)")
+    chosen = [by_name[n] for n in args.names] if args.names else MUTANTS
+    if args.list:
+        for m in chosen:
+            mark = " [depends on code being rewritten]" if m.depends else ""
+            print(f"{m.name:<42} {m.file:<32} {' '.join(m.tests)}{mark}")
+        return 0
+    results: list[dict[str, object]] = []
+    for m in chosen:
+        start = time.monotonic()
+        rebuilt = m.file.endswith(".c")
+        original = (ROOT / m.file).read_text()
+        try:
+            if not apply(m, original):
+                status, tail = ("stale" if m.depends else "no-match"), "old text not found once"
+            else:
+                try:
+                    if rebuilt:
+                        build()
+                    passed, tail = run_tests(m.tests, args.workers, args.timeout)
+                    status = "survived" if passed else "killed"
+                except RuntimeError as exc:  # the mutant does not compile: not a test's merit
+                    status, tail = "no-build", str(exc)[-500:]
+        finally:
+            (ROOT / m.file).write_text(original)  # restored before anything else runs
+            if rebuilt:
+                build()
+        seconds = time.monotonic() - start
+        results.append(
+            {
+                "name": m.name,
+                "file": m.file,
+                "status": status,
+                "tests": m.tests,
+                "depends": m.depends,
+                "seconds": round(seconds, 1),
+                "output": tail,
+            }
+        )
+        print(f"{status:<9} {m.name:<42} ({seconds:.0f} s)", flush=True)
+        if status == "survived":
+            print("          " + tail.replace("\n", "\n          "), flush=True)
+    counted = [r for r in results if r["status"] in ("killed", "survived")]
+    killed = sum(r["status"] == "killed" for r in counted)
+    rate = killed / len(counted) if counted else 0.0
+    print(
+        f"\nkilled {killed} of {len(counted)} mutants ({rate:.0%});"
+        f" {len(results) - len(counted)} not run (stale/no-match/no-build)"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"kill_rate": rate, "results": results}, indent=2))
+    if any(r["status"] in ("no-match", "no-build") for r in results):
+        return 2
+    return 0 if killed == len(counted) else 1
+
+
+if __name__ == "__main__":
+    os.environ.pop("LD_PRELOAD", None)
+    sys.exit(main())
