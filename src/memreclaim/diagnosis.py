@@ -692,8 +692,10 @@ class Report:
             text += f" ({', '.join(extra)})"
         if name == "allocator_retention":
             text += " (freed, held by the allocator"
-            if self.arena_tops >= self.noise_floor:
+            if self.arena_tops >= self.noise_floor and self.allocator == "glibc":
                 text += f"; {format_bytes(self.arena_tops)} in glibc thread-arena tops"
+            elif self.arena_tops >= self.noise_floor:
+                text += f"; {format_bytes(self.arena_tops)} kept after its purge"
             text += "; not a leak)"
         elif name == "pymalloc_retention":
             text += f" ({self._pymalloc_text()})"
@@ -739,7 +741,7 @@ class Report:
             "one_time": "Memory filled once and then kept (a cache, a pool, lazy imports): "
             "warmup=1 keeps it out of the measurement; bound it if it must not grow.",
         }
-        if self.arena_tops >= self.noise_floor:
+        if self.arena_tops >= self.noise_floor and self.allocator == "glibc":
             tips["allocator_retention"] += (
                 " Thread-arena tops are given back by a trim made in the thread that owns the"
                 " arena, or bounded with memreclaim.set_arena_max()."
@@ -842,7 +844,9 @@ def _judge(series: list[int], threshold: int) -> tuple[int, int]:
     kept = series[-1] - series[0]  # growth over the iterations that is still there
     if rise < threshold or kept < rise * (n - 1) / n / 2 or total < peak - threshold:
         return 0, total
-    steady = int(min(rise, total))
+    # Intermittent growth: the slope underestimates it; what grew after the first iteration,
+    # per iteration, is the leak too (the first iteration's own step may be a cache).
+    steady = int(min(max(rise, kept * n / (n - 1)), total))
     return steady, total - steady
 
 
@@ -1090,13 +1094,21 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
     if alloc == "glibc" and rest >= floor and after_parts is not None:
         arena_tops = min(_thread_arena_free(), rest)
         rest -= arena_tops
+    elif after_parts is not None and after_owned is not None and base.parts is not None:
+        # Free memory the allocator still holds after its purge (jemalloc/tcmalloc free lists,
+        # mimalloc's committed free pages): retention, not pinned by live blocks.
+        free_after = after_owned - sum(after_parts.values())
+        free_base = (base.owned or 0) - sum(base.parts.values())
+        arena_tops = min(_clip(free_after - free_base), rest)
+        rest -= arena_tops
     unreclaimed = rest
     if tm_freed >= floor:
         notes.append(
             f"trim also gave back ~{format_bytes(min(tm_freed, result.released or 0))} of "
             "tracemalloc's own freed tables; not counted as allocator retention"
         )
-    one_time = python_once + native_once + private_once + shmem_once
+    one_time = python_once + native_once + shmem_once  # live data kept once (caches)
+    del private_once  # RSS that grew once is retention, split below, not a cache
     survivors = max(ntraces_after - before._ntraces, 0) if traced else None
     sites: tuple[AllocationSite, ...] = ()
     if tm_after is not None and before._tracemalloc is not None:
