@@ -55,6 +55,21 @@ def run_one(alloc: str, name: str) -> dict[str, Any]:
     }
 
 
+def interleaved() -> list[str]:
+    """Every scenario, the default group first, then one of each label in turn (a run cut short
+    still covers every label)."""
+    by_label = {
+        label: [n for n, s in SCENARIOS.items() if s.label == label and not s.default]
+        for label in LABELS
+    }
+    order = [n for n, s in SCENARIOS.items() if s.default]
+    while any(by_label.values()):
+        for names in by_label.values():
+            if names:
+                order.append(names.pop(0))
+    return order
+
+
 def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     """The markdown accuracy table: correct/run per label and allocator, and the cost row."""
     allocs = [a for a in ALLOCATORS if a in results]
@@ -108,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             results[alloc] = json.loads(path.read_text())["results"]
     if not args.table_only:
         allocs = [a for a in args.allocators.split(",") if a]
-        names = [n for n in args.scenarios.split(",") if n] or list(SCENARIOS)
+        names = [n for n in args.scenarios.split(",") if n] or interleaved()
         for alloc in allocs:
             if alloc != "glibc" and not ALLOCATOR_LIBS[alloc].exists():
                 print(f"{alloc}: {ALLOCATOR_LIBS[alloc]} missing, skipped", flush=True)
