@@ -98,7 +98,7 @@ def test_python_leak_fails_with_the_leaking_line(pytester: pytest.Pytester) -> N
             "verdict: Python leak *",
         ]
     )
-    assert "pytest_plugin.py" not in out and "contextlib" not in out
+    assert "raise error" not in out and "def measure(" not in out  # no plugin source
     assert "native leak" not in out.split("verdict:")[1].splitlines()[0]
     assert "next: Python objects stay referenced" in out
 
@@ -119,7 +119,7 @@ def test_native_leak_fails_though_tracemalloc_saw_nothing(pytester: pytest.Pytes
     result.stdout.fnmatch_lines(
         [
             "*memreclaim (@no_leak): leaked * per run (native, malloc), over the 512.0 KiB limit*",
-            "*verdict: native leak (malloc) 3.0 MiB (10* KiB per iteration, tracemalloc saw *",
+            "*verdict: native leak (malloc) 3.0 MiB (* per iteration, tracemalloc saw *",
             "*next: C code allocated without freeing*",
         ]
     )

@@ -621,16 +621,17 @@ class Report:
 
     def significant(self) -> dict[str, int]:
         """What was found, at or above the noise floor: leaks first (largest first), then
-        one-time growth (caches), then retention (largest first)."""
+        one-time growth (caches) and retention, largest first."""
         found = {
             k: v
             for k, v in self.components().items()
             if k != "noise" and v > 0 and v >= self.noise_floor
         }
         leaks = {k: v for k, v in found.items() if k in LEAK_KINDS}
+        rest = {k: v for k, v in found.items() if k not in LEAK_KINDS}
         if self.one_time >= self.noise_floor:
-            leaks["one_time"] = self.one_time
-        leaks.update((k, v) for k, v in found.items() if k not in LEAK_KINDS)
+            rest["one_time"] = self.one_time
+        leaks.update(sorted(rest.items(), key=lambda kv: -kv[1]))
         return leaks
 
     def leaks(self) -> dict[str, int]:
@@ -870,8 +871,9 @@ def _clip(value: int | None) -> int:
 def _top_sites(
     after: tracemalloc.Snapshot, before: tracemalloc.Snapshot, top: int
 ) -> tuple[AllocationSite, ...]:
-    filters = [
-        tracemalloc.Filter(False, os.path.abspath(__file__)),
+    package = os.path.dirname(os.path.abspath(__file__))
+    filters = [  # memreclaim's own and tracemalloc's allocations are not the workload's
+        tracemalloc.Filter(False, os.path.join(package, "*")),
         tracemalloc.Filter(False, tracemalloc.__file__),
     ]
     diffs = after.filter_traces(filters).compare_to(before.filter_traces(filters), "traceback")
