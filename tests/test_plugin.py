@@ -63,7 +63,7 @@ def _asyncio_ini(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("pytester").makeini(ASYNCIO_INI)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_python_leak_fails_with_the_leaking_line(pytester: pytest.Pytester) -> None:
     make(
         pytester,
@@ -103,7 +103,7 @@ def test_python_leak_fails_with_the_leaking_line(pytester: pytest.Pytester) -> N
     assert "next: Python objects stay referenced" in out
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_native_leak_fails_though_tracemalloc_saw_nothing(pytester: pytest.Pytester) -> None:
     make(
         pytester,
@@ -125,7 +125,7 @@ def test_native_leak_fails_though_tracemalloc_saw_nothing(pytester: pytest.Pytes
     )
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_allocator_retention_passes_and_is_reported(pytester: pytest.Pytester) -> None:
     make(
         pytester,
@@ -148,7 +148,7 @@ def test_allocator_retention_passes_and_is_reported(pytester: pytest.Pytester) -
     )
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_pymalloc_survivors_pass_as_unreclaimed_retention(pytester: pytest.Pytester) -> None:
     make(
         pytester,
@@ -190,7 +190,7 @@ def test_pymalloc_survivors_pass_as_unreclaimed_retention(pytester: pytest.Pytes
     )
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_one_time_cache_passes_with_repeat_and_warmup(pytester: pytest.Pytester) -> None:
     make(
         pytester,
@@ -222,7 +222,7 @@ def test_one_time_cache_passes_with_repeat_and_warmup(pytester: pytest.Pytester)
     result.stdout.fnmatch_lines(["*one-time growth * MiB  (not repeated per iteration*"])
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_async_tests_are_measured(pytester: pytest.Pytester) -> None:
     if importlib.util.find_spec("pytest_asyncio") is None:
         pytest.skip("pytest-asyncio not installed")
@@ -268,7 +268,7 @@ def test_async_tests_are_measured(pytester: pytest.Pytester) -> None:
     )
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_xdist_two_workers(pytester: pytest.Pytester) -> None:
     if importlib.util.find_spec("xdist") is None:
         pytest.skip("pytest-xdist not installed")
@@ -449,7 +449,7 @@ def test_notes_only_under_verbose(pytester: pytest.Pytester) -> None:
     verbose.stdout.fnmatch_lines(["*memreclaim: retention notes*", "*::test_x: *"])
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_coexists_with_pytest_memray(pytester: pytest.Pytester) -> None:
     if importlib.util.find_spec("pytest_memray") is None:
         pytest.skip("pytest-memray not installed")
