@@ -1053,7 +1053,9 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
         private_leak = min(private_leak, max(left, 0))
         if private_leak < thresholds["outside malloc"]:
             private_leak = 0
-    mapped_leak = None if private_leak is None else private_leak + shmem_leak
+    # Shared memory is judged under every allocator; private mappings need the allocator's
+    # figures (with an unknown allocator they cannot be told from malloc's: native_reason).
+    mapped_leak = (private_leak or 0) + shmem_leak
 
     # Threads (evidence).
     thread_growth = end.threads - base.threads
