@@ -510,6 +510,7 @@ def test_scenarios_through_marker_and_fixture(
         monkeypatch.delenv("LD_PRELOAD", raising=False)
     else:
         monkeypatch.setenv("LD_PRELOAD", str(allocator_lib(alloc)))
+    monkeypatch.setenv("COLUMNS", "1000")  # the -rA lines are cut to the terminal's width
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", "-p", "no:xdist")
     lines = result.stdout.lines
     for name, scenario in chosen.items():
