@@ -7,15 +7,15 @@ prints the report as JSON; assertions compare components with ratios of the same
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
-import sys
 import textwrap
+import threading
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import allocator_lib
 
 from memreclaim import pool_reclaim_status
 from memreclaim.diagnosis import Report, Snapshot, ameasure, diagnose, measure, snapshot
@@ -23,7 +23,7 @@ from memreclaim.diagnosis import Report, Snapshot, ameasure, diagnose, measure, 
 MiB = 1024 * 1024
 
 _HARNESS = """
-import ctypes, dataclasses, gc, json, random, sys
+import ctypes, dataclasses
 from memreclaim.diagnosis import diagnose, measure, snapshot
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -33,32 +33,31 @@ KEEP = []
 CACHE = {}
 """
 
+Runner = Callable[..., dict[str, Any]]
+_RUN: list[Runner] = []
 
-def _missing(lib: str) -> None:
-    if os.environ.get("MEMRECLAIM_REQUIRE_ALLOCATORS"):
-        pytest.fail(f"{lib} is missing but MEMRECLAIM_REQUIRE_ALLOCATORS is set")
-    pytest.skip(f"{lib} not installed")
+
+@pytest.fixture(autouse=True)
+def _runner(run_python: Runner) -> None:
+    _RUN[:] = [run_python]
 
 
 def run_report(body: str, *, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run ``body`` (which must bind ``report``) in a fresh interpreter; return its fields."""
+    """Run ``body`` (which must bind ``report``) in a fresh interpreter (conftest's
+    ``run_python``); return the report's fields."""
     code = (
         _HARNESS
         + textwrap.dedent(body)
         + "\nout = dataclasses.asdict(report)\nout['kind'] = report.kind\n"
         "out['verdict'] = report.verdict\nout['text'] = report.format()\n"
         "out['leak_per_iteration'] = report.leak_per_iteration\n"
-        "print(json.dumps(out))\n"
+        "out['leaks'] = report.leaks()\n"
+        "emit(**out)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert proc.returncode == 0, proc.stderr
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return _RUN[0](code, env=env, timeout=550)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_python_leak_is_traced_and_sited() -> None:
     r = run_report(
         """
@@ -82,7 +81,7 @@ def test_python_leak_is_traced_and_sited() -> None:
     assert "Python leak" in r["verdict"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_native_leak_is_seen_without_tracemalloc_seeing_it() -> None:
     r = run_report(
         """
@@ -99,7 +98,7 @@ def test_native_leak_is_seen_without_tracemalloc_seeing_it() -> None:
     assert "tracemalloc saw" in r["verdict"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_seed000_spike_is_allocator_retention() -> None:
     r = run_report(
         """
@@ -118,11 +117,12 @@ def test_seed000_spike_is_allocator_retention() -> None:
     assert r["anon_growth"] > 200 * MiB
     assert r["allocator_retention"] > 0.8 * r["anon_growth"]
     assert r["python_leak"] + r["native_leak"] < 0.01 * r["anon_growth"]
-    assert "given back by trim" in r["verdict"]
+    assert "freed, held by the allocator; not a leak" in r["verdict"]
+    assert r["leaks"] == {}
 
 
-@pytest.mark.timeout(120)
-def test_pymalloc_survivors_are_unreclaimed_retention() -> None:
+@pytest.mark.timeout(600)
+def test_pymalloc_survivors_are_pymalloc_retention() -> None:
     r = run_report(
         """
         before = snapshot()
@@ -132,17 +132,18 @@ def test_pymalloc_survivors_are_unreclaimed_retention() -> None:
         report = diagnose(before)
         """
     )
-    assert r["kind"] == "unreclaimed_retention", r["text"]
-    assert r["unreclaimed_retention"] > 50 * MiB
+    assert r["kind"] == "pymalloc_retention", r["text"]
+    assert r["pymalloc_retention"] > 50 * MiB
     # ~1,000 survivors: tiny traced growth, no leak over 1 MiB, trim gives back little.
     assert r["python_leak"] < MiB
     assert r["leak_per_iteration"] < MiB
-    assert r["allocator_retention"] < 0.1 * r["unreclaimed_retention"], r["text"]
+    assert r["allocator_retention"] < 0.1 * r["pymalloc_retention"], r["text"]
     assert r["survivors"] < 20_000
-    assert "pinned by" in r["verdict"] and "surviving blocks" in r["verdict"]
+    assert r["leaks"] == {}
+    assert "pymalloc arenas kept by a few live small objects; not a leak" in r["verdict"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(
     not pool_reclaim_status()["available"],
     reason="pool reclaim is unavailable on this interpreter",
@@ -162,13 +163,13 @@ def test_pymalloc_retention_says_how_much_pool_reclaim_returns() -> None:
     on = run_report("ENABLE = True\n" + textwrap.dedent(body))
     assert off["pool_reclaimable"] is None
     assert "enable_pool_reclaim()" in off["text"], off["text"]
-    assert on["kind"] == "unreclaimed_retention", on["text"]
+    assert on["kind"] == "pymalloc_retention", on["text"]
     # Empty pools are most of the pinned arenas' pages (the study: 60 of 108 MiB).
-    assert on["pool_reclaimable"] > 0.3 * on["unreclaimed_retention"], on["text"]
+    assert on["pool_reclaimable"] > 0.3 * on["pymalloc_retention"], on["text"]
     assert "pool reclaim can return" in on["verdict"], on["text"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_one_time_cache_is_not_a_leak_in_repeat_mode() -> None:
     r = run_report(
         """
@@ -183,7 +184,7 @@ def test_one_time_cache_is_not_a_leak_in_repeat_mode() -> None:
     assert "one-time growth" in r["text"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_one_time_cache_counts_as_leak_single_shot() -> None:
     # The control for the test above: measured once, the same cache is growth that stays.
     r = run_report(
@@ -197,7 +198,7 @@ def test_one_time_cache_counts_as_leak_single_shot() -> None:
     assert r["kind"] == "python_leak", r["text"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_without_tracemalloc_says_so() -> None:
     r = run_report(
         """
@@ -248,8 +249,10 @@ def test_bad_arguments() -> None:
         diagnose(object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="frames"):
         snapshot(frames=0)
-    with pytest.raises(TypeError, match="frames"):
+    with pytest.raises(ValueError, match="frames"):
         snapshot(frames=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="frames"):
+        snapshot(frames="2")  # type: ignore[arg-type]
     assert not tracemalloc.is_tracing()
     with pytest.raises(TypeError, match="callable"):
         measure(42)  # type: ignore[arg-type]
@@ -309,34 +312,162 @@ def test_ameasure_runs_coroutines() -> None:
         asyncio.run(ameasure(None))  # type: ignore[arg-type]
 
 
-@pytest.mark.timeout(120)
-def test_allocator_without_in_use_counter_reports_native_leak_unavailable() -> None:
-    lib = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"
-
-    if not os.path.exists(lib):
-        _missing(lib)
-    env = dict(os.environ, LD_PRELOAD=lib)
+@pytest.mark.timeout(600)
+def test_unknown_allocator_judges_what_it_can() -> None:
+    # The alloc.c seam hides glibc's essential symbols: the allocator is "unknown".
+    env = dict(os.environ, MEMRECLAIM_TEST_HIDE_SYMBOLS="malloc_trim,gnu_get_libc_version")
     r = run_report(
         """
-        report = measure(lambda: None, repeat=2, warmup=0)
+        import memreclaim, tracemalloc
+        assert memreclaim.allocator() == "unknown"
+        def work():
+            LEAK.extend({"n": i} for i in range(20_000))
+        report = measure(work, repeat=3, warmup=1)
+        assert not tracemalloc.is_tracing()
         """,
         env=env,
     )
-    assert r["allocator"] == "mimalloc"
+    assert r["allocator"] == "unknown"
     assert r["native_leak"] is None
-    assert any("native-leak detection is unavailable" in note for note in r["notes"])
-    assert "unavailable" in r["text"]
+    assert "unknown" in r["native_reason"], r["text"]
+    assert "native components unavailable" in r["text"]
+    assert r["kind"] == "python_leak", r["text"]  # what can be judged is judged
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
+def test_mimalloc_native_leak_is_measured() -> None:
+    lib = str(allocator_lib("mimalloc"))
+    r = run_report(
+        """
+        def work():
+            p = libc.malloc(1 << 20)
+            ctypes.memset(p, 1, 1 << 20)
+        report = measure(work, repeat=4, warmup=1)
+        """,
+        env={"LD_PRELOAD": lib},
+    )
+    assert r["allocator"] == "mimalloc"
+    assert r["kind"] == "native_leak", r["text"]
+    assert 0.8 * 4 * MiB <= r["native_leak"] <= 1.2 * 4 * MiB, r["text"]
+
+
+@pytest.mark.timeout(600)
+def test_raw_small_blocks_are_not_counted_twice() -> None:
+    # PyMem_RawMalloc'd blocks of <= 512 bytes are traced *and* live in malloc: a Python leak,
+    # not also a native one.
+    r = run_report(
+        """
+        raw = ctypes.pythonapi.PyMem_RawMalloc
+        raw.restype = ctypes.c_void_p
+        raw.argtypes = [ctypes.c_size_t]
+        def work():
+            for _ in range(8_000):
+                raw(200)
+        report = measure(work, repeat=3, warmup=1)
+        """
+    )
+    assert r["kind"] == "python_leak", r["text"]
+    assert r["native_leak"] < 0.1 * r["python_leak"], r["text"]
+
+
+@pytest.mark.timeout(600)
+def test_overhead_estimate_is_the_same_under_pythonmalloc_malloc() -> None:
+    body = """
+        def work():
+            LEAK.extend({"n": i} for i in range(20_000))
+        report = measure(work, repeat=3, warmup=1)
+        """
+    pymalloc = run_report(body)
+    plain = run_report(body, env={"PYTHONMALLOC": "malloc"})
+    for r in (pymalloc, plain):
+        assert r["kind"] == "python_leak", r["text"]
+        assert r["native_leak"] < r["noise_floor"], r["text"]
+    # The same traces cost tracemalloc the same: the estimate must not depend on where the
+    # objects live (it was >= 1.6x too high under PYTHONMALLOC=malloc).
+    ratio = plain["tracemalloc_overhead"] / pymalloc["tracemalloc_overhead"]
+    assert 0.75 < ratio < 1.33, (pymalloc["text"], plain["text"])
+
+
+@pytest.mark.timeout(600)
+def test_snapshot_does_not_raise_the_peak_rss() -> None:
+    r = run_report(
+        """
+        import memreclaim
+        peak0 = memreclaim.stats().peak_rss
+        report = diagnose(snapshot())
+        peak1 = memreclaim.stats().peak_rss
+        report = dataclasses.replace(report, notes=(f"peak {peak0} {peak1}",))
+        """
+    )
+    peak0, peak1 = map(int, r["notes"][0].split()[1:])
+    assert peak1 < 1.25 * peak0, r["notes"]  # the old calibration took it from 20 to 70 MiB
+
+
+@pytest.mark.timeout(600)
+def test_sites_have_the_requested_depth() -> None:
+    r = run_report(
+        """
+        def inner():
+            LEAK.extend({"n": i} for i in range(20_000))
+        def middle():
+            inner()
+        def outer():
+            middle()
+        report = measure(outer, repeat=2, warmup=0, frames=4)
+        """
+    )
+    top = r["top_sites"][0]
+    assert top["filename"] == "<string>"
+    assert len(top["traceback"]) >= 3, top  # inner <- middle <- outer
+    assert r["frames"] == 4
+
+
+def test_failed_snapshot_restores_tracemalloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memreclaim import diagnosis
+
+    def broken(*_: object) -> None:
+        raise OSError(5, "simulated /proc failure")
+
+    if tracemalloc.is_tracing():
+        pytest.skip("tracemalloc already on (PYTHONTRACEMALLOC?)")
+    monkeypatch.setattr(diagnosis, "_point", broken)
+    with pytest.raises(OSError, match="simulated"):
+        snapshot()
+    assert not tracemalloc.is_tracing()
+    assert not any(t.name == "memreclaim-sampler" for t in threading.enumerate())
+    tracemalloc.start()
+    try:  # tracemalloc that was already on stays on
+        with pytest.raises(OSError, match="simulated"):
+            snapshot()
+        assert tracemalloc.is_tracing()
+    finally:
+        tracemalloc.stop()
+
+
+def test_failed_diagnosis_restores_tracemalloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memreclaim import diagnosis
+
+    before = snapshot()
+    assert tracemalloc.is_tracing()
+
+    def broken(*_: object) -> None:
+        raise OSError(5, "simulated /proc failure")
+
+    monkeypatch.setattr(diagnosis, "_point", broken)
+    with pytest.raises(OSError, match="simulated"):
+        diagnose(before)
+    assert not tracemalloc.is_tracing()
+    with pytest.raises(RuntimeError, match="already diagnosed"):
+        diagnose(before)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("lib", "name"),
     [("libjemalloc.so.2", "jemalloc"), ("libtcmalloc_minimal.so.4", "tcmalloc")],
 )
 def test_other_allocators_tell_python_from_native(lib: str, name: str) -> None:
-    path = f"/usr/lib/x86_64-linux-gnu/{lib}"
-    if not os.path.exists(path):
-        _missing(path)
+    path = str(allocator_lib(name))
     env = dict(os.environ, LD_PRELOAD=path)
     body = """
         def native():
@@ -359,7 +490,6 @@ def test_other_allocators_tell_python_from_native(lib: str, name: str) -> None:
 
 def test_abandoned_snapshot_stops_its_sampler() -> None:
     import gc
-    import threading
 
     tracemalloc.start()
     try:

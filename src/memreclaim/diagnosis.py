@@ -3,48 +3,62 @@
     >>> before = memreclaim.snapshot()      # gc, trim, start tracemalloc, read the baseline
     >>> work()
     >>> report = memreclaim.diagnose(before)
-    >>> print(report.format())              # verdict, components in bytes, top allocation sites
+    >>> print(report.format())              # verdict (leaks first), components, evidence, sites
 
 or, to judge growth per iteration so that one-time caches are not called leaks::
 
     >>> report = memreclaim.measure(work, repeat=5, warmup=1)
 
-How the growth between the snapshot and the diagnosis is split (all in bytes):
+Every component that can grow is read after each iteration (after ``gc.collect()``) and judged
+on its own -- nothing is netted against anything else:
 
-* **python_leak** -- memory traced by tracemalloc that is still referenced after ``gc.collect()``.
-* **native_leak** -- growth of the allocator's in-use bytes (glibc ``uordblks + hblkhd``, jemalloc
-  ``stats.allocated``, tcmalloc ``current_allocated_bytes``) beyond what tracemalloc explains: C
-  code that mallocs without freeing. Python objects of 512 bytes or less live in pymalloc arenas,
-  which CPython maps directly, so they never appear in the allocator's in-use bytes; larger
-  objects and raw allocations do, and are subtracted from the trace sizes, as is tracemalloc's
-  own bookkeeping (measured once per process). ``None`` when the allocator has no such counter
-  (mimalloc, unknown allocators).
-* **allocator_retention** -- anonymous RSS that :func:`memreclaim.trim` gave back at diagnosis:
-  memory that was freed but kept by the allocator. Not a leak.
-* **unreclaimed_retention** -- anonymous RSS growth left after the trim that is neither a leak
-  nor tracemalloc's own memory: pymalloc arenas or heap pages pinned by a few surviving blocks,
-  fragmentation. Not a leak, but the process does not get it back.
-* **noise** -- the sum of the components above that are under the noise floor.
+* **python** -- bytes traced by tracemalloc (live Python allocations);
+* **native (malloc)** -- the allocator's in-use bytes, per part where it has parts (glibc: heap
+  ``uordblks`` and mmapped chunks ``hblkhd``; jemalloc ``stats.allocated``; tcmalloc
+  ``current_allocated_bytes``; mimalloc: the calling thread's heap, summed page by page with
+  ``mi_heap_visit_blocks``), minus the Python allocations that live there (traced bytes not in
+  pymalloc's arenas) and tracemalloc's own bookkeeping;
+* **outside malloc** -- anonymous RSS that neither the allocator (its resident or mapped bytes)
+  nor pymalloc's arenas own: a library's own ``mmap`` regions; and shared memory (``RssShmem``:
+  ``mmap.mmap(-1, n)``, multiprocessing heaps);
+* threads, as evidence.
 
-In repeat mode the leak components count only *steady* growth: the median growth per iteration
-times the number of iterations, so growth that happens once (a cache filled on first use) is
-reported as ``one_time`` instead.
+A component leaks when its least-squares slope over the measured iterations (the first one
+excluded when there are two or more: it may fill a cache) times the number of iterations is over
+the threshold, and the growth has not come back down at the end (intermittent growth -- every
+third call -- counts; a transient does not). The threshold of each component is the larger of
+``noise_floor`` and 8 times that component's jitter, measured by reading it twice before the
+first iteration. Growth that is not steady is reported as ``one_time`` (caches).
+
+After the last iteration the engine trims (:func:`memreclaim.trim`) and splits what stayed
+resident: **allocator retention** (given back by the trim, or held in glibc thread-arena tops that
+``malloc_trim`` does not shrink), **pymalloc retention** (arenas kept by a few live small objects),
+**unreclaimed retention** (heap pages pinned by live blocks, fragmentation). None of these is a
+leak. Leaks are always named first in the verdict.
+
+With an allocator memreclaim does not know, what can be judged is judged (Python growth, shared
+memory, retention) and the native components are ``None`` with the reason in
+:attr:`Report.native_reason`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
-import itertools
+import inspect
 import os
-import statistics
+import re
 import threading
+import time
 import tracemalloc
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
+from typing import Any
 
-from ._core import allocator, heap_stats, stats, trim
+from . import _validate
+from ._core import UnsupportedAllocatorError, allocator, heap_stats, stats
 from .pools import PoolReclaimUnavailable, estimate_pool_reclaim, pool_reclaim_status
-from .units import format_bytes, parse_bytes
+from .units import format_bytes
 
 __all__ = [
     "AllocationSite",
@@ -57,120 +71,313 @@ __all__ = [
 ]
 
 DEFAULT_NOISE_FLOOR = 256 * 1024
-_MARGIN_GLIBC = 0.05  # uncertainty of the malloc-side estimate of traced allocations
-_MARGIN_OTHER = 0.25
+DEFAULT_FRAMES = 8
+_JITTER_FACTOR = 8  # a component's threshold is at least this many times its measured jitter
+_MARGIN_GLIBC = 0.06  # uncertainty of the malloc-side cost of traced allocations
+_MARGIN_OTHER = 0.25  # size classes of jemalloc/tcmalloc/mimalloc round more
 _MIN_SITE = 1024  # allocation sites that gained less are not listed
-_PYMALLOC_MAX = 512  # SMALL_REQUEST_THRESHOLD: larger requests go to the C allocator
-_CALIBRATION_OBJECTS = 20_000
+_CALIBRATION_OBJECTS = 4000  # small: calibration must not raise the peak RSS (VmHWM)
 
-_COMPONENT_LABELS = {
+_LABELS = {
     "python_leak": "Python leak",
-    "native_leak": "native leak",
+    "native_leak": "native leak (malloc)",
+    "mapped_leak": "native leak outside malloc",
     "allocator_retention": "allocator retention",
-    "unreclaimed_retention": "unreclaimed retention",
+    "pymalloc_retention": "pymalloc retention",
+    "unreclaimed_retention": "pinned by live blocks",
+}
+LEAK_KINDS = ("python_leak", "native_leak", "mapped_leak")
+RETENTION_KINDS = ("allocator_retention", "pymalloc_retention", "unreclaimed_retention")
+
+
+# ---- reading the process -------------------------------------------------------------------
+
+
+class _Mimalloc:
+    """In-use and committed bytes of the calling thread's mimalloc heap (``mi_heap_visit_blocks``
+    over its pages: mimalloc's process-wide figures move in 32 MiB steps, useless here)."""
+
+    class _Area(ctypes.Structure):
+        _fields_ = [
+            ("blocks", ctypes.c_void_p),
+            ("reserved", ctypes.c_size_t),
+            ("committed", ctypes.c_size_t),
+            ("used", ctypes.c_size_t),
+            ("block_size", ctypes.c_size_t),
+        ]
+
+    _VISIT = ctypes.CFUNCTYPE(
+        ctypes.c_bool,
+        ctypes.c_void_p,
+        ctypes.POINTER(_Area),
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+    )
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL(None)
+        self._backing = lib.mi_heap_get_backing  # AttributeError when absent
+        self._backing.restype = ctypes.c_void_p
+        self._backing.argtypes = []
+        self._visit = lib.mi_heap_visit_blocks
+        self._visit.restype = ctypes.c_bool
+        self._visit.argtypes = [ctypes.c_void_p, ctypes.c_bool, self._VISIT, ctypes.c_void_p]
+
+    def read(self) -> tuple[int, int]:
+        totals = [0, 0]
+
+        def area(_heap: int, info: Any, _block: int, _size: int, _arg: int) -> bool:
+            a = info.contents
+            totals[0] += a.used * a.block_size
+            totals[1] += a.committed
+            return True
+
+        self._visit(self._backing(), False, self._VISIT(area), None)
+        return totals[0], totals[1]
+
+
+_mimalloc: _Mimalloc | None = None
+
+
+def _heap(name: str) -> tuple[dict[str, int] | None, int | None, str | None]:
+    """(in-use bytes per part, bytes the allocator owns in RSS or mapped, why unavailable)."""
+    global _mimalloc
+    if name == "mimalloc":
+        try:
+            if _mimalloc is None:
+                _mimalloc = _Mimalloc()
+            used, committed = _mimalloc.read()
+        except (AttributeError, OSError) as exc:
+            return None, None, f"mimalloc's heap cannot be visited ({exc})"
+        return {"heap": used}, committed, None
+    try:
+        figures = heap_stats().figures
+    except UnsupportedAllocatorError as exc:
+        return None, None, f"the {name} allocator reports no in-use bytes ({exc})"
+    if name == "glibc":
+        parts = {"heap": figures["uordblks"], "mmapped": figures["hblkhd"]}
+        return parts, figures["arena"] + figures["hblkhd"], None
+    if name == "jemalloc":
+        return {"allocated": figures["allocated"]}, figures["resident"], None
+    if name == "tcmalloc":
+        owned = figures["heap_size"] - figures.get("pageheap_unmapped_bytes", 0)
+        return {"allocated": figures["current_allocated_bytes"]}, owned, None
+    return None, None, f"no in-use figure is known for the {name} allocator"
+
+
+_PYMALLOC_FIELDS = {
+    "arenas": re.compile(r"^(\d+) arenas \* (\d+) bytes/arena", re.M),
+    "allocated": re.compile(r"^# bytes in allocated blocks\s*=\s*([\d,]+)", re.M),
 }
 
 
-def _threshold(value: int | str, name: str) -> int:
+class _Allocator(ctypes.Structure):
+    """CPython's ``PyMemAllocatorEx``."""
+
+    _fields_ = [
+        ("ctx", ctypes.c_void_p),
+        ("malloc", ctypes.c_void_p),
+        ("calloc", ctypes.c_void_p),
+        ("realloc", ctypes.c_void_p),
+        ("free", ctypes.c_void_p),
+    ]
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+_OBJ_DOMAIN = 2  # PYMEM_DOMAIN_OBJ
+
+
+def _object_of(libc: Any, address: int) -> int | None:
+    info = _DlInfo()
+    if not libc.dladdr(ctypes.c_void_p(address), ctypes.byref(info)):
+        return None
+    return info.dli_fbase or None
+
+
+def _pymalloc_dump() -> str | None:
+    """CPython's ``_PyObject_DebugMallocStats`` written to an in-memory stream.
+
+    It answers only while pymalloc is the object allocator; while tracemalloc hooks it, the hook
+    keeps the allocator it wraps in its context: that one is put back for the call (the GIL is
+    held throughout, and the dump allocates no Python object), after checking that it lies in
+    the same object as ``PyMem_Malloc`` (another hook than tracemalloc's: no figures)."""
+    libc = ctypes.CDLL(None)
+    api = ctypes.pythonapi
+    dump = api._PyObject_DebugMallocStats
+    dump.argtypes = [ctypes.c_void_p]
+    dump.restype = ctypes.c_int
+    libc.open_memstream.restype = ctypes.c_void_p
+    libc.open_memstream.argtypes = [
+        ctypes.POINTER(ctypes.c_char_p),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    api.PyMem_GetAllocator.argtypes = [ctypes.c_int, ctypes.POINTER(_Allocator)]
+    api.PyMem_GetAllocator.restype = None
+    api.PyMem_SetAllocator.argtypes = [ctypes.c_int, ctypes.POINTER(_Allocator)]
+    api.PyMem_SetAllocator.restype = None
+    hooked = _Allocator()
+    original: _Allocator | None = None
+    if tracemalloc.is_tracing():
+        api.PyMem_GetAllocator(_OBJ_DOMAIN, ctypes.byref(hooked))
+        if not hooked.ctx:
+            return None
+        wrapped = _Allocator.from_address(hooked.ctx)
+        home = _object_of(libc, ctypes.cast(api.PyMem_Malloc, ctypes.c_void_p).value or 0)
+        if wrapped.ctx or not wrapped.malloc or _object_of(libc, wrapped.malloc) != home:
+            return None
+        original = _Allocator(None, wrapped.malloc, wrapped.calloc, wrapped.realloc, wrapped.free)
+    buf = ctypes.c_char_p()
+    size = ctypes.c_size_t()
+    stream = libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    if not stream:
+        return None
     try:
-        return parse_bytes(value)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{name}: {exc}") from None
+        if original is not None:
+            api.PyMem_SetAllocator(_OBJ_DOMAIN, ctypes.byref(original))
+        try:
+            active = dump(stream)
+        finally:
+            if original is not None:
+                api.PyMem_SetAllocator(_OBJ_DOMAIN, ctypes.byref(hooked))
+    finally:
+        libc.fclose(stream)
+        text = ctypes.string_at(buf, size.value).decode("ascii", "replace") if buf else ""
+        libc.free(ctypes.cast(buf, ctypes.c_void_p))
+    return text if active else None
 
 
-def _check_count(value: int, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+def _pymalloc() -> tuple[int, int] | None:
+    """(bytes in pymalloc arenas, bytes in allocated pymalloc blocks), or None without pymalloc
+    (``PYTHONMALLOC=malloc``, another allocator hook). Walks the arenas: well under a
+    millisecond for hundreds of MiB."""
+    try:
+        text = _pymalloc_dump()
+    except (AttributeError, OSError, ValueError):
+        return None
+    if text is None:
+        return None
+    arenas = _PYMALLOC_FIELDS["arenas"].search(text)
+    allocated = _PYMALLOC_FIELDS["allocated"].search(text)
+    if arenas is None or allocated is None:
+        return None
+    return int(arenas.group(1)) * int(arenas.group(2)), int(allocated.group(1).replace(",", ""))
 
 
-def _pymalloc_max() -> int:
-    """Largest request served by pymalloc (0 when PYTHONMALLOC routes everything to malloc)."""
-    if os.environ.get("PYTHONMALLOC", "") in ("malloc", "malloc_debug"):
-        return 0
-    return _PYMALLOC_MAX
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
-def _malloc_backed(snap: tracemalloc.Snapshot) -> tuple[int, int, int]:
-    """(bytes and number of traces served by the C allocator, number of all traces)."""
-    limit = _pymalloc_max()
-    total = 0
-    blocks = 0
-    count = 0
-    for trace in snap.traces:
-        count += 1
-        if trace.size > limit or trace.domain != 0:
-            total += trace.size
-            blocks += 1
-    return total, blocks, count
+@dataclass
+class _Point:
+    traced: int | None
+    own: int
+    parts: dict[str, int] | None
+    owned: int | None
+    anon: int | None
+    shmem: int | None
+    pymalloc: tuple[int, int] | None
+    threads: int
 
 
-def _in_use() -> int | None:
-    return heap_stats().in_use
+def _point(alloc: str, traced: bool) -> _Point:
+    gc.collect()
+    parts, owned, _ = _heap(alloc)
+    st = stats()
+    return _Point(
+        traced=tracemalloc.get_traced_memory()[0] if traced else None,
+        own=tracemalloc.get_tracemalloc_memory() if traced else 0,
+        parts=parts,
+        owned=owned,
+        anon=st.rss_anon,
+        shmem=st.rss_shmem,
+        pymalloc=_pymalloc(),
+        threads=_threads(),
+    )
+
+
+# ---- tracemalloc's own costs ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class _Calibration:
-    """tracemalloc's and the allocator's hidden costs, measured once per process (bytes)."""
+    """tracemalloc's hidden costs, measured once per process (bytes)."""
 
     per_trace: float  # allocator bytes per live trace that get_tracemalloc_memory() omits
     counted_per_trace: float  # bytes per trace entry that get_tracemalloc_memory() counts
-    per_block: float  # allocator overhead (header, rounding) per malloc-backed block
 
 
 _calibration: _Calibration | None = None
 
 
-def _calibrate() -> _Calibration:
-    """Measure tracemalloc's bookkeeping and malloc's per-block overhead (tracing must be on).
+def _in_use(alloc: str) -> int | None:
+    parts = _heap(alloc)[0]
+    return None if parts is None else sum(parts.values())
+
+
+def _calibrate(alloc: str) -> _Calibration:
+    """Measure tracemalloc's per-trace bookkeeping (tracing must be on).
 
     tracemalloc counts its hash-table entries, but not their malloc headers nor the separately
-    allocated trace records; both scale with the number of live traces. Blocks over 512 bytes
-    cost their size plus a header and rounding in the allocator's in-use bytes.
+    allocated trace records; both scale with the number of live traces. ``object()``s are
+    allocated; under ``PYTHONMALLOC=malloc`` they are malloc's too, so the allocator's cost of
+    as many raw 16-byte blocks (ctypes, untraced) is subtracted. A few thousand objects: the
+    calibration does not move the peak RSS.
     """
     global _calibration
     if _calibration is not None:
         return _calibration
     count = _CALIBRATION_OBJECTS
     gc.collect()
-    in_use0 = _in_use()
-    if in_use0 is None:
-        _calibration = _Calibration(0.0, 0.0, 0.0)
+    if _in_use(alloc) is None:
+        _calibration = _Calibration(0.0, 16.0)
         return _calibration
+    raw_cost = 0.0
+    if _pymalloc() is None:  # objects go to malloc: learn what a 16-byte block costs there
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        blocks = (ctypes.c_void_p * count)()
+        start = _in_use(alloc) or 0
+        for i in range(count):
+            blocks[i] = libc.malloc(16)
+        raw_cost = ((_in_use(alloc) or 0) - start) / count
+        for i in range(count):
+            libc.free(blocks[i])
     holder: list[object] = [None] * count
     gc.collect()
-    in_use0 = _in_use() or 0
-    traced0 = tracemalloc.get_traced_memory()[0]
+    in_use0 = _in_use(alloc) or 0
     own0 = tracemalloc.get_tracemalloc_memory()
     steps: list[int] = []
     mark = own0
     for i in range(count):
         holder[i] = object()
-        if i % 1000 == 999:
+        if i % 500 == 499:
             now = tracemalloc.get_tracemalloc_memory()
             steps.append(now - mark)
             mark = now
-    in_use1 = _in_use() or 0
-    traced1 = tracemalloc.get_traced_memory()[0]
+    in_use1 = _in_use(alloc) or 0
     own1 = tracemalloc.get_tracemalloc_memory()
-    small_in_malloc = 0 if _pymalloc_max() else traced1 - traced0
-    per_trace = (in_use1 - in_use0 - (own1 - own0) - small_in_malloc) / count
-    # Per entry without hash-table resizes: the smallest step (a resize lands in one step).
-    counted = min(steps) / 1000 if steps else (own1 - own0) / count
-    # Malloc-backed blocks of assorted sizes (600 B - 4 KiB), same number of traces.
-    for i in range(count):
-        holder[i] = bytes(600 + (i * 181) % 3500)
-    in_use2 = _in_use() or 0
-    traced2 = tracemalloc.get_traced_memory()[0]
-    own2 = tracemalloc.get_tracemalloc_memory()
-    per_block = (in_use2 - in_use0 - (own2 - own0) - (traced2 - traced0)) / count - per_trace
+    per_trace = (in_use1 - in_use0 - (own1 - own0)) / count - raw_cost
+    counted = min(steps) / 500 if steps else (own1 - own0) / count  # a resize lands in one step
     del holder
     _calibration = _Calibration(
-        per_trace=min(max(per_trace, 0.0), 256.0),
-        counted_per_trace=min(max(counted, 1.0), 256.0),
-        per_block=min(max(per_block, 0.0), 64.0),
+        per_trace=min(max(per_trace, 0.0), 256.0), counted_per_trace=min(max(counted, 1.0), 256.0)
     )
     return _calibration
 
@@ -203,20 +410,7 @@ class _OwnPeak:
         return self.peak
 
 
-@dataclass
-class _Point:
-    traced: int
-    tracemalloc_own: int
-    in_use: int | None
-
-
-def _point(traced: bool) -> _Point:
-    gc.collect()
-    if traced:
-        return _Point(
-            tracemalloc.get_traced_memory()[0], tracemalloc.get_tracemalloc_memory(), _in_use()
-        )
-    return _Point(0, 0, _in_use())
+# ---- the snapshot --------------------------------------------------------------------------
 
 
 @dataclass
@@ -228,23 +422,26 @@ class Snapshot:
     traced: bool
     started_tracing: bool
     baseline: _Point
-    anon: int | None
+    jitter: _Point
     trim_released: int | None
+    native_reason: str | None
     warmup: int = 0
+    frames: int = DEFAULT_FRAMES
     checkpoints: list[_Point] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    untraced_seconds: float | None = None
     _tracemalloc: tracemalloc.Snapshot | None = field(default=None, repr=False)
-    _malloc_traced: int = 0
-    _malloc_blocks: int = 0
     _ntraces: int = 0
     _sampler: _OwnPeak | None = field(default=None, repr=False)
     _used: bool = False
+    _clock: float = field(default_factory=time.perf_counter, repr=False)
 
     def __del__(self) -> None:
         if self._sampler is not None:  # an abandoned snapshot must not leave its thread polling
             self._sampler.cancel()
 
     def close(self) -> None:
-        """Stop the sampler thread and tracemalloc if this snapshot started them (idempotent)."""
+        """Stop the sampler thread, and tracemalloc if this snapshot started it (idempotent)."""
         if self._sampler is not None:
             self._sampler.stop()
         if self.started_tracing and not self._used and tracemalloc.is_tracing():
@@ -255,77 +452,129 @@ class Snapshot:
         """Record the end of one iteration (a ``gc.collect()`` and cheap counters)."""
         if self._used:
             raise RuntimeError("this snapshot was already diagnosed; take a new one")
-        self.checkpoints.append(_point(self.traced and tracemalloc.is_tracing()))
+        now = time.perf_counter()
+        self.seconds.append(now - self._clock)
+        self.checkpoints.append(_point(self.allocator, self.traced and tracemalloc.is_tracing()))
+        self._clock = time.perf_counter()
 
 
-def snapshot(*, trace: bool = True, frames: int = 1, trim_first: bool = True) -> Snapshot:
+def snapshot(
+    *, trace: bool = True, frames: int = DEFAULT_FRAMES, trim_first: bool = True
+) -> Snapshot:
     """Record the baseline that :func:`diagnose` compares against.
 
     Args:
         trace: start tracemalloc (with ``frames`` frames) if it is not running; :func:`diagnose`
             stops it again. Without tracing, Python and native growth cannot be told apart.
-        frames: traceback depth for tracemalloc when this call starts it (>= 1).
+        frames: traceback depth for tracemalloc when this call starts it (>= 1): the depth of
+            the allocation sites in the report. Deeper is slower.
         trim_first: trim the allocator first, so the trim at diagnosis returns only what the
             measured code left behind.
+
+    If anything fails, tracemalloc is left as it was found.
 
     Raises:
         TypeError, ValueError: for a non-int or out-of-range ``frames``.
     """
-    _check_count(frames, "frames", 1)
+    from . import trim
+
+    _validate.integer("frames", frames, minimum=1, maximum=1000)
+    _validate.flag("trace", trace)
+    _validate.flag("trim_first", trim_first)
     started = False
-    if trace and not tracemalloc.is_tracing():
-        tracemalloc.start(frames)
-        started = True
-    traced = tracemalloc.is_tracing()
-    if traced:
-        _calibrate()
-    gc.collect()
-    released = trim().released if trim_first else None
-    sampler = _OwnPeak() if traced else None  # started first: its allocations predate the baseline
-    tm_snap = tracemalloc.take_snapshot() if traced else None
-    malloc_traced, malloc_blocks, ntraces = (
-        _malloc_backed(tm_snap) if tm_snap is not None else (0, 0, 0)
+    sampler: _OwnPeak | None = None
+    try:
+        alloc = allocator()
+        if trace and not tracemalloc.is_tracing():
+            tracemalloc.start(frames)
+            started = True
+        traced = tracemalloc.is_tracing()
+        if traced:
+            _calibrate(alloc)
+        gc.collect()
+        released = trim().released if trim_first else None
+        sampler = _OwnPeak() if traced else None  # started first: its allocations predate base
+        tm_snap = tracemalloc.take_snapshot() if traced else None
+        base = _point(alloc, traced)
+        again = _point(alloc, traced)  # read twice: each component's jitter
+        reason = _heap(alloc)[2]
+        return Snapshot(
+            allocator=alloc,
+            traced=traced,
+            started_tracing=started,
+            baseline=again,
+            jitter=_diff_points(again, base),
+            trim_released=released,
+            native_reason=reason,
+            frames=tracemalloc.get_traceback_limit() if traced else frames,
+            _tracemalloc=tm_snap,
+            _ntraces=len(tm_snap.traces) if tm_snap is not None else 0,
+            _sampler=sampler,
+        )
+    except BaseException:
+        if sampler is not None:
+            sampler.stop()
+        if started and tracemalloc.is_tracing():
+            tracemalloc.stop()
+        raise
+
+
+def _diff_points(b: _Point, a: _Point) -> _Point:
+    def d(x: int | None, y: int | None) -> int | None:
+        return None if x is None or y is None else abs(x - y)
+
+    parts = None
+    if a.parts is not None and b.parts is not None:
+        parts = {k: abs(b.parts[k] - a.parts.get(k, 0)) for k in b.parts}
+    return _Point(
+        traced=d(b.traced, a.traced),
+        own=abs(b.own - a.own),
+        parts=parts,
+        owned=d(b.owned, a.owned),
+        anon=d(b.anon, a.anon),
+        shmem=d(b.shmem, a.shmem),
+        pymalloc=None,
+        threads=abs(b.threads - a.threads),
     )
-    base = _point(traced)
-    return Snapshot(
-        allocator=allocator(),
-        traced=traced,
-        started_tracing=started,
-        baseline=base,
-        anon=stats().rss_anon,
-        trim_released=released,
-        _tracemalloc=tm_snap,
-        _malloc_traced=malloc_traced,
-        _malloc_blocks=malloc_blocks,
-        _ntraces=ntraces,
-        _sampler=sampler,
-    )
+
+
+# ---- the report ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class AllocationSite:
-    """A source line whose traced memory grew: ``filename:lineno``, bytes and blocks gained."""
+    """A source line whose traced memory grew: ``filename:lineno``, bytes and blocks gained, and
+    the call stack that led there (outermost first, up to the ``frames`` traced)."""
 
     filename: str
     lineno: int
     size: int
     count: int
+    traceback: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        name = self.filename
-        cwd = os.getcwd() + os.sep
-        if name.startswith(cwd):  # shorter, and clickable from the working directory
-            name = name[len(cwd) :]
-        return f"{name}:{self.lineno}: +{format_bytes(self.size)} in {self.count:+d} blocks"
+        text = f"{_short(self.filename)}:{self.lineno}: +{format_bytes(self.size)} in"
+        text += f" {self.count:+d} blocks"
+        if len(self.traceback) > 1:
+            text += "\n      " + "\n      ".join(f"called from {t}" for t in self.traceback[-2::-1])
+        return text
+
+
+def _short(name: str) -> str:
+    cwd = os.getcwd() + os.sep
+    return name[len(cwd) :] if name.startswith(cwd) else name
 
 
 @dataclass(frozen=True)
 class Report:
     """The diagnosis: growth since a :class:`Snapshot`, split into components (bytes).
 
-    ``python_leak`` is None without tracemalloc; ``native_leak`` is None when the allocator has
-    no in-use counter (mimalloc, unknown). ``iterations`` counts measured runs (warm-up excluded);
-    leak components are steady growth over all of them. See the module docstring for the rules.
+    Leaks (steady growth over the measured iterations): ``python_leak`` (None without
+    tracemalloc), ``native_leak`` (malloc; None when the allocator's in-use bytes cannot be read:
+    see ``native_reason``), ``mapped_leak`` (outside malloc: private mappings and shared memory;
+    the private part is None with an unknown allocator). Not leaks: ``allocator_retention``,
+    ``pymalloc_retention``, ``unreclaimed_retention``, ``one_time`` (caches). ``series`` holds each
+    component after each iteration, relative to the baseline.
     """
 
     allocator: str
@@ -349,92 +598,130 @@ class Report:
     #: Bytes that ``trim(pools=True)`` could give back now from empty pymalloc pools, or None when
     #: pool reclaim is not enabled (see :func:`memreclaim.enable_pool_reclaim`).
     pool_reclaimable: int | None = None
+    mapped_leak: int | None = 0
+    shmem_leak: int = 0
+    pymalloc_retention: int = 0
+    arena_tops: int = 0
+    native_reason: str | None = None
+    thread_growth: int = 0
+    series: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    thresholds: dict[str, int] = field(default_factory=dict)
+    slowdown: float | None = None
+    frames: int = 1
 
     def components(self) -> dict[str, int]:
-        """The four measured components (missing ones as 0), largest first, noise last."""
-        values = {
-            "python_leak": self.python_leak or 0,
-            "native_leak": self.native_leak or 0,
-            "allocator_retention": self.allocator_retention,
-            "unreclaimed_retention": self.unreclaimed_retention,
-        }
-        ordered = dict(sorted(values.items(), key=lambda kv: -kv[1]))
+        """The measured components (missing ones as 0): leaks first, each group largest first,
+        noise last."""
+        leaks = {k: getattr(self, k) or 0 for k in LEAK_KINDS}
+        kept = {k: getattr(self, k) for k in RETENTION_KINDS}
+        ordered = dict(sorted(leaks.items(), key=lambda kv: -kv[1]))
+        ordered.update(sorted(kept.items(), key=lambda kv: -kv[1]))
         ordered["noise"] = self.noise
         return ordered
 
     def significant(self) -> dict[str, int]:
-        """Components at or above the noise floor, largest first."""
-        return {
+        """What was found, at or above the noise floor: leaks first (largest first), then
+        one-time growth (caches) and retention, largest first."""
+        found = {
             k: v
             for k, v in self.components().items()
             if k != "noise" and v > 0 and v >= self.noise_floor
         }
+        leaks = {k: v for k, v in found.items() if k in LEAK_KINDS}
+        rest = {k: v for k, v in found.items() if k not in LEAK_KINDS}
+        if self.one_time >= self.noise_floor:
+            rest["one_time"] = self.one_time
+        leaks.update(sorted(rest.items(), key=lambda kv: -kv[1]))
+        return leaks
+
+    def leaks(self) -> dict[str, int]:
+        """The significant leak components (python, native, outside malloc), largest first."""
+        return {k: v for k, v in self.significant().items() if k in LEAK_KINDS}
 
     @property
     def kind(self) -> str:
-        """The largest significant component's name, or ``"clean"``."""
+        """The first significant component (a leak whenever there is one; ``"one_time"`` for
+        a cache filled once), or ``"clean"``."""
         sig = self.significant()
         return next(iter(sig)) if sig else "clean"
 
     @property
     def leak(self) -> int:
-        """Steady leak (Python + native) over all measured iterations, in bytes."""
-        return (self.python_leak or 0) + (self.native_leak or 0)
+        """Steady leak (Python + native + outside malloc) over all measured iterations, bytes."""
+        return sum(self.leaks().values())
 
     @property
     def leak_per_iteration(self) -> int:
         """:attr:`leak` divided by the number of measured iterations."""
-        return self.leak // self.iterations
+        return self.leak // max(self.iterations, 1)
 
     @property
     def retained(self) -> int:
-        """Anonymous RSS growth a trim did not give back (leaks + unreclaimed retention)."""
-        return self.leak + self.unreclaimed_retention
+        """What stays resident after a trim: leaks plus pymalloc and unreclaimed retention."""
+        return self.leak + self.pymalloc_retention + self.unreclaimed_retention
 
     @property
     def verdict(self) -> str:
-        """One line: the significant components, largest first, with what each means."""
+        """One line naming what was found: leaks first, then what is held and why."""
         sig = self.significant()
         if not sig:
+            text = f"clean: nothing grew above the noise floor ({format_bytes(self.noise_floor)})"
+            if self.one_time >= self.noise_floor:
+                text += f"; {format_bytes(self.one_time)} one-time growth (a cache, not a leak)"
+            return text
+        return "; ".join(self._phrase(name, value) for name, value in sig.items())
+
+    def _phrase(self, name: str, value: int) -> str:
+        if name == "one_time":
             return (
-                f"no significant growth (everything under the {format_bytes(self.noise_floor)}"
-                " noise floor)"
+                f"one-time growth {format_bytes(value)} (grew once, not per iteration: a cache"
+                " or a warm-up; not a leak)"
             )
-        parts = []
-        for name, value in sig.items():
-            text = f"{_COMPONENT_LABELS[name]} {format_bytes(value)}"
-            extra = []
-            if name in ("python_leak", "native_leak") and self.iterations > 1:
-                extra.append(f"{format_bytes(value // self.iterations)} per iteration")
-            if name == "native_leak" and self.traced_growth is not None:
-                extra.append(f"tracemalloc saw {format_bytes(max(self.traced_growth, 0))}")
-            if extra:
-                text += f" ({', '.join(extra)})"
-            if name == "allocator_retention":
-                text += " (given back by trim, not a leak)"
-            elif name == "unreclaimed_retention":
-                text += " (" + self._pinned_text() + ")"
-            parts.append(text)
-        return "; ".join(parts)
+        text = f"{_LABELS[name]} {format_bytes(value)}"
+        extra = []
+        if name in LEAK_KINDS and self.iterations > 1:
+            extra.append(f"{format_bytes(value // self.iterations)} per iteration")
+        if name == "native_leak" and self.traced_growth is not None:
+            extra.append(f"tracemalloc saw {format_bytes(max(self.traced_growth, 0))}")
+        if name == "mapped_leak":
+            private = value - self.shmem_leak
+            if self.shmem_leak >= self.noise_floor:
+                extra.append(f"shared memory {format_bytes(self.shmem_leak)}")
+            if private >= self.noise_floor:
+                extra.append(f"private mappings {format_bytes(private)}")
+        if extra:
+            text += f" ({', '.join(extra)})"
+        if name == "allocator_retention":
+            text += " (freed, held by the allocator"
+            if self.arena_tops >= self.noise_floor and self.allocator == "glibc":
+                text += f"; {format_bytes(self.arena_tops)} in glibc thread-arena tops"
+            elif self.arena_tops >= self.noise_floor:
+                text += f"; {format_bytes(self.arena_tops)} kept after its purge"
+            text += "; not a leak)"
+        elif name == "pymalloc_retention":
+            text += f" ({self._pymalloc_text()})"
+        elif name == "unreclaimed_retention":
+            text += f" ({self._pinned_text()})"
+        return text
+
+    def _pymalloc_text(self) -> str:
+        text = "pymalloc arenas kept by a few live small objects; not a leak"
+        if self.pool_reclaimable:
+            text += (
+                f"; pool reclaim can return {format_bytes(self.pool_reclaimable)} of it"
+                " (trim(pools=True))"
+            )
+        return text
 
     def _pinned_text(self) -> str:
         if self.native_leak is None:
             return (
-                "not live in Python and not returned by trim: a native leak (undetectable with "
-                f"{self.allocator}), pinned pages or fragmentation"
+                "not live in Python and not returned by trim: pinned pages, fragmentation, or "
+                f"native memory {self.allocator} does not report; not a leak by the figures"
             )
-        if self.survivors:
-            text = (
-                f"not live and not returned by trim: pymalloc arenas or heap pages pinned by "
-                f"{self.survivors:,} surviving blocks, not a leak"
-            )
-            if self.pool_reclaimable:
-                text += (
-                    f"; pool reclaim can return {format_bytes(self.pool_reclaimable)} of it"
-                    " (trim(pools=True))"
-                )
-            return text
-        return "not live and not returned by trim: pinned pages or fragmentation, not a leak"
+        if self.leaks():
+            return "heap pages around the leaked blocks, not returned by trim"
+        return "heap pages that live blocks keep in use, not returned by trim; not a leak"
 
     def advice(self) -> list[str]:
         """What to do next, one line per significant component."""
@@ -443,24 +730,36 @@ class Report:
             "allocated them (module-level lists/dicts, unbounded caches, closures).",
             "native_leak": "C code allocated without freeing; tracemalloc cannot see it. Run the "
             "workload under `memray run --native` or valgrind/heaptrack to find the caller.",
+            "mapped_leak": "Mappings outside malloc stay (a library's own mmap allocator, "
+            "shared memory, multiprocessing heaps): compare /proc/self/maps before and after.",
             "allocator_retention": "Freed memory the allocator kept; memreclaim.trim() (or a "
             "watchdog) gives it back.",
-            "unreclaimed_retention": "A few long-lived objects allocated during the spike pin "
-            "whole arenas/pages: create long-lived objects before the spike, or copy them out.",
+            "pymalloc_retention": "A few long-lived small objects allocated during the spike "
+            "keep whole pymalloc arenas: create long-lived objects before the spike, or copy "
+            "them out.",
+            "unreclaimed_retention": "Live blocks scattered over the heap keep its pages: "
+            "allocate long-lived data before the spike.",
+            "one_time": "Memory filled once and then kept (a cache, a pool, lazy imports): "
+            "warmup=1 keeps it out of the measurement; bound it if it must not grow.",
         }
-        if self.pool_reclaimable is None and _pymalloc_max():
-            tips["unreclaimed_retention"] += (
-                " On CPython 3.11+, memreclaim.enable_pool_reclaim() at start-up lets"
-                " trim(pools=True) give back the empty pymalloc pools in pinned arenas."
+        if self.arena_tops >= self.noise_floor and self.allocator == "glibc":
+            tips["allocator_retention"] += (
+                " Thread-arena tops are given back by a trim made in the thread that owns the"
+                " arena, or bounded with memreclaim.set_arena_max()."
+            )
+        if self.pool_reclaimable is None and self.pymalloc_retention:
+            tips["pymalloc_retention"] += (
+                " Where supported, memreclaim.enable_pool_reclaim() at start-up lets"
+                " trim(pools=True) give back the empty pools of those arenas."
             )
         elif self.pool_reclaimable:
-            tips["unreclaimed_retention"] += (
+            tips["pymalloc_retention"] += (
                 f" trim(pools=True) gives back {format_bytes(self.pool_reclaimable)} of it now."
             )
         return [tips[name] for name in self.significant()]
 
     def format(self) -> str:
-        """A human-readable multi-line report: verdict, components, raw figures, top sites."""
+        """A human-readable multi-line report: verdict, components, evidence, top sites."""
         run = f"{self.iterations} iteration{'s' if self.iterations != 1 else ''}"
         if self.warmup:
             run += f" after {self.warmup} warm-up"
@@ -468,10 +767,10 @@ class Report:
             f"memreclaim diagnosis ({self.allocator}, {run})",
             f"verdict: {self.verdict}",
         ]
-        width = max(len(label) for label in _COMPONENT_LABELS.values())
+        width = max(len(label) for label in _LABELS.values())
         for name, value in self.components().items():
-            label = _COMPONENT_LABELS.get(name, "noise")
-            raw: int | None = getattr(self, name)
+            label = _LABELS.get(name, "noise")
+            raw = getattr(self, name)
             shown = "unavailable" if raw is None else format_bytes(value)
             lines.append(f"  {label:<{width}}  {shown:>11}")
         if self.one_time >= self.noise_floor:
@@ -484,11 +783,25 @@ class Report:
             return "n/a" if value is None else format_bytes(value)
 
         lines.append(
-            f"raw: traced {fmt(self.traced_growth)}, allocator in-use {fmt(self.in_use_growth)}, "
-            f"anon RSS {fmt(self.anon_growth)} before trim, {fmt(self.anon_growth_after_trim)}"
+            f"raw: traced {fmt(self.traced_growth)}, allocator in-use {fmt(self.in_use_growth)},"
+            f" anon RSS {fmt(self.anon_growth)} before trim, {fmt(self.anon_growth_after_trim)}"
             f" after; tracemalloc's own {format_bytes(self.tracemalloc_overhead)}"
         )
+        if len(next(iter(self.series.values()), ())) > 1:
+            lines.append("per iteration, growth since the baseline (threshold):")
+            for name, values in self.series.items():
+                shown = ", ".join(format_bytes(v) for v in values)
+                limit = self.thresholds.get(name)
+                suffix = f" ({format_bytes(limit)})" if limit is not None else ""
+                lines.append(f"  {name}: {shown}{suffix}")
+        if self.native_reason is not None:
+            lines.append(f"note: native components unavailable: {self.native_reason}")
         lines.extend(f"note: {note}" for note in self.notes)
+        if self.slowdown is not None:
+            lines.append(
+                f"cost: measured iterations ran {self.slowdown:.1f}x the untraced warm-up"
+                f" (tracemalloc, {self.frames} frame{'s' if self.frames != 1 else ''})"
+            )
         if self.top_sites:
             lines.append("top allocation sites (traced growth):")
             lines.extend(f"  {site}" for site in self.top_sites)
@@ -497,32 +810,101 @@ class Report:
         return "\n".join(lines)
 
 
-def _steady(total: int, deltas: list[int]) -> int:
-    """Growth that repeats: median per-iteration growth times iterations, within [0, total]."""
+# ---- the rule ------------------------------------------------------------------------------
+
+
+def _slope(values: list[int]) -> float:
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mx = (n - 1) / 2
+    my = sum(values) / n
+    num = sum((i - mx) * (v - my) for i, v in enumerate(values))
+    den = sum((i - mx) ** 2 for i in range(n))
+    return num / den
+
+
+def _judge(series: list[int], threshold: int) -> tuple[int, int]:
+    """(steady growth, one-time growth) of a component's series (values relative to the
+    baseline, one per iteration). Steady: the least-squares slope over the iterations (the
+    first excluded when there are several) times their number, if it is over ``threshold``
+    and the growth has not come back down by the end."""
+    if not series:
+        return 0, 0
+    total = series[-1]
+    n = len(series)
     if total <= 0:
-        return 0
-    if len(deltas) <= 1:
-        return total
-    per = statistics.median(deltas)
-    return int(min(max(per * len(deltas), 0), total))
+        return 0, 0
+    if n == 1:
+        return (total, 0) if total >= threshold else (0, total)
+    tail = series[1:] if n > 2 else series
+    rise = _slope(tail) * n
+    if n == 2:
+        rise = (series[1] - series[0]) * n
+    peak = max(series)
+    kept = series[-1] - series[0]  # growth over the iterations that is still there
+    if rise < threshold or kept < rise * (n - 1) / n / 2 or total < peak - threshold:
+        return 0, total
+    # Intermittent growth: the slope underestimates it; what grew after the first iteration,
+    # per iteration, is the leak too (the first iteration's own step may be a cache).
+    steady = int(min(max(rise, kept * n / (n - 1)), total))
+    return steady, total - steady
+
+
+def _net_parts(p: _Point, base: _Point, explained: int) -> dict[str, int]:
+    """Growth of each in-use part since ``base``, the part of it that Python allocations and
+    tracemalloc explain taken from the parts that grew, largest first (nothing is counted
+    twice, and a shrinking part does not hide a growing one)."""
+    grown = {k: (p.parts or {}).get(k, 0) - v for k, v in (base.parts or {}).items()}
+    net = dict(grown)
+    for key in sorted(grown, key=lambda k: -grown[k]):
+        take = min(max(grown[key], 0), explained)
+        net[key] -= take
+        explained -= take
+    return net
+
+
+def _clip(value: int | None) -> int:
+    return max(value or 0, 0)
 
 
 def _top_sites(
     after: tracemalloc.Snapshot, before: tracemalloc.Snapshot, top: int
 ) -> tuple[AllocationSite, ...]:
-    here = os.path.abspath(__file__)
-    filters = [
-        tracemalloc.Filter(False, here),
+    package = os.path.dirname(os.path.abspath(__file__))
+    filters = [  # memreclaim's own and tracemalloc's allocations are not the workload's
+        tracemalloc.Filter(False, os.path.join(package, "*")),
         tracemalloc.Filter(False, tracemalloc.__file__),
     ]
-    diffs = after.filter_traces(filters).compare_to(before.filter_traces(filters), "lineno")
-    sites: list[AllocationSite] = []
+    diffs = after.filter_traces(filters).compare_to(before.filter_traces(filters), "traceback")
+    by_line: dict[tuple[str, int], list[Any]] = {}
     for diff in diffs:
-        if diff.size_diff < _MIN_SITE or len(sites) >= top:
+        if diff.size_diff <= 0:
             continue
-        frame = diff.traceback[0]
-        sites.append(AllocationSite(frame.filename, frame.lineno, diff.size_diff, diff.count_diff))
-    return tuple(sorted(sites, key=lambda s: -s.size))
+        frame = diff.traceback[-1] if len(diff.traceback) else None
+        if frame is None:
+            continue
+        key = (frame.filename, frame.lineno)
+        entry = by_line.setdefault(key, [0, 0, diff.traceback, 0])
+        entry[0] += diff.size_diff
+        entry[1] += diff.count_diff
+        if diff.size_diff > entry[3]:
+            entry[2], entry[3] = diff.traceback, diff.size_diff
+    here = os.path.dirname(os.path.abspath(__file__))
+    sites = []
+    for (name, line), (size, count, tb, _) in by_line.items():
+        if size < _MIN_SITE:
+            continue
+        stack = tuple(
+            f"{_short(f.filename)}:{f.lineno}"
+            for f in tb
+            if not f.filename.startswith(here)
+            and "_pytest" not in f.filename
+            and "pluggy" not in f.filename
+        )
+        sites.append(AllocationSite(name, line, size, count, stack))
+    sites.sort(key=lambda s: -s.size)
+    return tuple(sites[:top])
 
 
 def diagnose(
@@ -534,9 +916,8 @@ def diagnose(
 ) -> Report:
     """Classify the memory growth since ``before`` (see the module docstring).
 
-    Collects garbage, reads traced memory, the allocator's in-use bytes and anonymous RSS, then
-    trims and reads RSS again. Stops tracemalloc if ``before`` started it; a snapshot can be
-    diagnosed once.
+    Collects garbage, reads every component, then trims and reads RSS again. Stops tracemalloc
+    if ``before`` started it (on every path, errors included); a snapshot can be diagnosed once.
 
     Args:
         before: from :func:`snapshot`.
@@ -548,123 +929,216 @@ def diagnose(
         TypeError, ValueError: bad arguments (nothing is measured then).
         RuntimeError: ``before`` was already diagnosed.
     """
-    if not isinstance(before, Snapshot):
-        raise TypeError(f"before must be a Snapshot from snapshot(), not {type(before).__name__}")
-    floor = _threshold(noise_floor, "noise_floor")
-    _check_count(top, "top", 0)
+    _validate.instance("before", before, Snapshot)
+    floor = _validate.size("noise_floor", noise_floor, allow_zero=True)
+    _validate.integer("top", top)
     if iterations is not None:
-        _check_count(iterations, "iterations", 1)
+        _validate.integer("iterations", iterations, minimum=1)
     if before._used:
         raise RuntimeError("this snapshot was already diagnosed; take a new one")
+    try:
+        return _diagnose(before, iterations, floor, top)
+    finally:
+        before.close()
+
+
+def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) -> Report:
+    from . import trim
+
+    alloc = before.allocator
     traced = before.traced and tracemalloc.is_tracing()
     own_peak = before._sampler.stop() if before._sampler is not None else 0
-    end = _point(traced)
-    result = trim()
-    tm_after = tracemalloc.take_snapshot() if traced else None
-    before._used = True
-    if before.started_tracing:
-        tracemalloc.stop()
-    cal = _calibration or _Calibration(0.0, 0.0, 0.0)
-
-    notes: list[str] = []
-    base = before.baseline
+    before._sampler = None
     n = iterations if iterations is not None else max(len(before.checkpoints), 1)
-    # Per-iteration series when every iteration was checkpointed; else one step for the block.
-    series = [base, *before.checkpoints] if len(before.checkpoints) == n else [base, end]
+    complete = len(before.checkpoints) == n
+    points = list(before.checkpoints) if complete else [_point(alloc, traced)]
+    end = points[-1]
+    tm_after = tracemalloc.take_snapshot() if traced else None
+    ntraces_after = len(tm_after.traces) if tm_after is not None else 0
+    result = trim()
+    after_trim = stats()
+    after_parts, after_owned, _ = _heap(alloc)
+    after_pymalloc = _pymalloc()
+    if before.started_tracing and tracemalloc.is_tracing():
+        tracemalloc.stop()
+    before._used = True
+    cal = _calibration or _Calibration(0.0, 16.0)
+    base = before.baseline
+    jit = before.jitter
+    notes: list[str] = []
+    margin = _MARGIN_GLIBC if alloc == "glibc" else _MARGIN_OTHER
+    hidden = 1 + cal.per_trace / cal.counted_per_trace
 
-    # Python: traced growth, steady part only.
+    def threshold(jitter: int | None) -> int:
+        return max(floor, _JITTER_FACTOR * (jitter or 0), 1)
+
+    series: dict[str, list[int]] = {}
+    thresholds: dict[str, int] = {}
+
+    # Python: traced bytes.
     python_leak: int | None = None
-    traced_growth: int | None = None
-    tm_overhead = 0
-    tm_freed = 0
-    survivors: int | None = None
-    malloc_traced = 0
-    sites: tuple[AllocationSite, ...] = ()
-    if traced and tm_after is not None and before._tracemalloc is not None:
-        traced_growth = end.traced - base.traced
-        deltas = [b.traced - a.traced for a, b in itertools.pairwise(series)]
-        python_leak = _steady(traced_growth, deltas)
-        malloc_after, blocks_after, ntraces_after = _malloc_backed(tm_after)
-        malloc_traced = malloc_after - before._malloc_traced
-        malloc_traced += int((blocks_after - before._malloc_blocks) * cal.per_block)
-        survivors = max(ntraces_after - before._ntraces, 0)
-        tm_overhead = max(
-            end.tracemalloc_own
-            - base.tracemalloc_own
-            + int((ntraces_after - before._ntraces) * cal.per_trace),
-            0,
-        )
-        # tracemalloc's tables shrank from their peak: that freed memory is its, not the code's.
-        shrunk = max(own_peak - end.tracemalloc_own, 0)
-        ratio = cal.per_trace / cal.counted_per_trace if cal.counted_per_trace > 0 else 0.0
-        tm_freed = int(shrunk * (1 + ratio))
-        sites = _top_sites(tm_after, before._tracemalloc, top)
+    python_once = 0
+    if traced and all(p.traced is not None for p in points) and base.traced is not None:
+        series["python"] = [(p.traced or 0) - base.traced for p in points]
+        thresholds["python"] = threshold(jit.traced)
+        python_leak, python_once = _judge(series["python"], thresholds["python"])
     else:
         notes.append(
             "tracemalloc was off: Python and native growth cannot be told apart; "
             "'native leak' holds all allocator in-use growth"
         )
 
-    # Native: allocator in-use growth beyond the traced malloc-backed part and tracemalloc's own.
+    def python_in_malloc(p: _Point) -> int:
+        """Traced growth that lives in the C allocator (not in pymalloc's arenas)."""
+        if p.traced is None or base.traced is None:
+            return 0
+        grown = p.traced - base.traced
+        if p.pymalloc is not None and base.pymalloc is not None:
+            grown -= max(p.pymalloc[1] - base.pymalloc[1], 0)
+        return int(max(grown, 0) * (1 + margin))
+
+    def own_growth(p: _Point) -> int:
+        return int(max(p.own - base.own, 0) * hidden)
+
+    # Native (malloc): each part of the allocator's in-use bytes on its own.
     native_leak: int | None = None
+    native_once = 0
     in_use_growth: int | None = None
-    native_total = 0
-    unexplained = 0  # in-use growth beyond the traced estimates (native leak + margin)
-    if end.in_use is not None and base.in_use is not None:
-        in_use_growth = end.in_use - base.in_use
-        # The subtracted estimates are good to a few % on glibc (measured per block); other
-        # allocators round to size classes, so allow a wider margin before calling it native.
-        explained = malloc_traced + tm_overhead
-        margin = int(explained * (_MARGIN_GLIBC if before.allocator == "glibc" else _MARGIN_OTHER))
-        unexplained = max(in_use_growth - explained, 0)
-        native_total = max(in_use_growth - explained - margin, 0)
-        if margin >= floor:
+    reason = before.native_reason
+    if base.parts is not None and all(p.parts is not None for p in points):
+        native_leak = 0
+        in_use_growth = sum(end.parts.values()) - sum(base.parts.values())  # type: ignore[union-attr]
+        nets = [_net_parts(p, base, python_in_malloc(p) + own_growth(p)) for p in points]
+        for part in base.parts:
+            name = f"native {part}" if len(base.parts) > 1 else "native"
+            series[name] = [net[part] for net in nets]
+            thresholds[name] = threshold((jit.parts or {}).get(part))
+            steady, once = _judge(series[name], thresholds[name])
+            native_leak += steady
+            native_once += once
+        if alloc == "mimalloc":
             notes.append(
-                f"native leak is counted beyond a {format_bytes(margin)} margin for the "
-                "allocator's overhead on the Python allocations it holds"
+                "mimalloc: native bytes are those of this thread's heap; another thread's "
+                "leak shows as memory outside malloc"
             )
-        deltas = []
-        for a, b in itertools.pairwise(series):
-            if a.in_use is not None and b.in_use is not None:
-                deltas.append(b.in_use - a.in_use - (b.tracemalloc_own - a.tracemalloc_own))
-        native_leak = _steady(native_total, deltas)
-    else:
-        notes.append(
-            f"native-leak detection is unavailable: the {before.allocator} allocator reports no"
-            " in-use bytes; native leaks show up as unreclaimed retention"
-        )
+    elif reason is None:
+        reason = f"the {alloc} allocator's in-use bytes could not be read"
 
-    one_time = max((traced_growth or 0) - (python_leak or 0), 0) + max(
-        native_total - (native_leak or 0), 0
-    )
+    # Outside malloc: shared memory, and anonymous RSS no allocator or arena owns.
+    shmem_leak = 0
+    shmem_once = 0
+    if base.shmem is not None and all(p.shmem is not None for p in points):
+        series["shared memory"] = [(p.shmem or 0) - base.shmem for p in points]
+        thresholds["shared memory"] = threshold(jit.shmem)
+        shmem_leak, shmem_once = _judge(series["shared memory"], thresholds["shared memory"])
 
-    # RSS: what trim gave back, and what stayed that is neither live nor tracemalloc's own.
-    anon_growth = anon_after = None
+    def arenas(p_pymalloc: tuple[int, int] | None) -> int:
+        if p_pymalloc is None or base.pymalloc is None:
+            return 0
+        return max(p_pymalloc[0] - base.pymalloc[0], 0)
+
+    def outside(anon: int | None, owned: int | None, pym: tuple[int, int] | None) -> int:
+        mine = _clip((owned or 0) - (base.owned or 0)) + arenas(pym)
+        return (anon or 0) - (base.anon or 0) - mine
+
+    private_leak: int | None = None
+    private_once = 0
+    if base.owned is not None and base.anon is not None:
+        values = [outside(p.anon, p.owned, p.pymalloc) for p in points]
+        series["outside malloc"] = values
+        thresholds["outside malloc"] = threshold((jit.anon or 0) + (jit.owned or 0))
+        private_leak, private_once = _judge(values, thresholds["outside malloc"])
+        # Confirmed after the trim: memory the allocator gave back was not outside it.
+        left = outside(after_trim.rss_anon, after_owned, after_pymalloc)
+        private_leak = min(private_leak, max(left, 0))
+        if private_leak < thresholds["outside malloc"]:
+            private_leak = 0
+    # Shared memory is judged under every allocator; private mappings need the allocator's
+    # figures (with an unknown allocator they cannot be told from malloc's: native_reason).
+    mapped_leak = (private_leak or 0) + shmem_leak
+
+    # Threads (evidence).
+    thread_growth = end.threads - base.threads
+    if thread_growth > 0 and n > 1:
+        t_steady, _ = _judge([p.threads - base.threads for p in points], 1)
+        if t_steady:
+            notes.append(f"{thread_growth} more threads than at the baseline, more each iteration")
+
+    # Retention after the trim.
+    from_tm = max(own_peak - end.own, 0)
+    tm_freed = int(from_tm * hidden)
     released = max((result.released or 0) - tm_freed, 0)
-    if before.anon is not None and result.anon_before is not None and result.anon_after is not None:
-        anon_growth = result.anon_before - before.anon
-        anon_after = result.anon_after - before.anon
+    anon_growth = anon_after = None
+    if base.anon is not None and result.anon_before is not None and result.anon_after is not None:
+        anon_growth = result.anon_before - base.anon
+        anon_after = result.anon_after - base.anon
     else:
         notes.append("anonymous RSS is unreadable (/proc): retention cannot be measured")
-    live = max(traced_growth or 0, 0) + unexplained + tm_overhead
-    unreclaimed = max((anon_after or 0) - live, 0)
+    traced_growth = None if end.traced is None or base.traced is None else end.traced - base.traced
+    own = own_growth(end)
+    if traced:
+        own = max(end.own - base.own + int((ntraces_after - before._ntraces) * cal.per_trace), 0)
+    native_total = max(native_leak or 0, 0) + native_once
+    if after_parts is not None and base.parts is not None:
+        # What the allocator holds in use and pymalloc's arenas, from their own figures.
+        live = sum(after_parts.values()) - sum(base.parts.values()) + (private_leak or 0)
+        live += arenas(after_pymalloc) if after_pymalloc is not None else _clip(traced_growth)
+    else:
+        live = _clip(traced_growth) + native_total + own + (private_leak or 0)
+    pym_ret = 0
+    if after_pymalloc is not None and base.pymalloc is not None:
+        arena_growth = max(after_pymalloc[0] - base.pymalloc[0], 0)
+        small_live = max(after_pymalloc[1] - base.pymalloc[1], 0)
+        pym_ret = max(arena_growth - small_live, 0)
+    rest = max((anon_after or 0) - live, 0)
+    if after_parts is None or base.parts is None:
+        pym_ret = min(pym_ret, rest)
+        rest -= pym_ret
+    arena_tops = 0
+    if alloc == "glibc" and rest >= floor and after_parts is not None:
+        arena_tops = min(_thread_arena_free(), rest)
+        rest -= arena_tops
+    elif after_parts is not None and after_owned is not None and base.parts is not None:
+        # Free memory the allocator still holds after its purge (jemalloc/tcmalloc free lists,
+        # mimalloc's committed free pages): retention, not pinned by live blocks.
+        free_after = after_owned - sum(after_parts.values())
+        free_base = (base.owned or 0) - sum(base.parts.values())
+        arena_tops = min(_clip(free_after - free_base), rest)
+        rest -= arena_tops
+    unreclaimed = rest
     if tm_freed >= floor:
         notes.append(
             f"trim also gave back ~{format_bytes(min(tm_freed, result.released or 0))} of "
             "tracemalloc's own freed tables; not counted as allocator retention"
         )
-
-    pool_reclaimable = _pool_reclaimable() if unreclaimed >= floor else None
-    values = [python_leak or 0, native_leak or 0, released, unreclaimed]
+    one_time = python_once + native_once + shmem_once  # live data kept once (caches)
+    del private_once  # RSS that grew once is retention, split below, not a cache
+    survivors = max(ntraces_after - before._ntraces, 0) if traced else None
+    sites: tuple[AllocationSite, ...] = ()
+    if tm_after is not None and before._tracemalloc is not None:
+        sites = _top_sites(tm_after, before._tracemalloc, top)
+    pool_reclaimable = _pool_reclaimable() if pym_ret >= floor else None
+    values = [
+        python_leak or 0,
+        native_leak or 0,
+        mapped_leak or 0,
+        released + arena_tops,
+        pym_ret,
+        unreclaimed,
+    ]
     noise = sum(v for v in values if 0 < v < floor)
+    slowdown = None
+    if before.untraced_seconds and before.seconds and traced:
+        per = sum(before.seconds) / len(before.seconds)
+        slowdown = per / before.untraced_seconds if before.untraced_seconds > 0 else None
     return Report(
-        allocator=before.allocator,
+        allocator=alloc,
         iterations=n,
         warmup=before.warmup,
         noise_floor=floor,
         python_leak=python_leak,
         native_leak=native_leak,
-        allocator_retention=released,
+        allocator_retention=released + arena_tops,
         unreclaimed_retention=unreclaimed,
         noise=noise,
         one_time=one_time,
@@ -672,12 +1146,32 @@ def diagnose(
         in_use_growth=in_use_growth,
         anon_growth=anon_growth,
         anon_growth_after_trim=anon_after,
-        tracemalloc_overhead=tm_overhead,
+        tracemalloc_overhead=own,
         survivors=survivors,
         top_sites=sites,
         notes=tuple(notes),
         pool_reclaimable=pool_reclaimable,
+        mapped_leak=mapped_leak,
+        shmem_leak=shmem_leak,
+        pymalloc_retention=pym_ret,
+        arena_tops=arena_tops,
+        native_reason=reason if native_leak is None else None,
+        thread_growth=thread_growth,
+        series={k: tuple(v) for k, v in series.items()},
+        thresholds=thresholds,
+        slowdown=slowdown,
+        frames=before.frames,
     )
+
+
+def _thread_arena_free() -> int:
+    """Free bytes in glibc's non-main arenas (their tops are not shrunk by malloc_trim)."""
+    try:
+        from .glibc import arenas
+
+        return sum(a.free_bytes for a in arenas() if a.nr != 0)
+    except (OSError, RuntimeError, ValueError, UnsupportedAllocatorError):
+        return 0
 
 
 def _pool_reclaimable() -> int | None:
@@ -690,9 +1184,41 @@ def _pool_reclaimable() -> int | None:
         return None
 
 
-def _check_repeat(repeat: int, warmup: int) -> None:
-    _check_count(repeat, "repeat", 1)
-    _check_count(warmup, "warmup", 0)
+# ---- measure / ameasure: one implementation --------------------------------------------------
+
+
+def _check_measure(
+    workload: object, repeat: int, warmup: int, noise_floor: int | str, top: int, frames: int
+) -> None:
+    if not callable(workload):
+        raise TypeError(f"workload must be callable, not {type(workload).__name__}")
+    _validate.integer("repeat", repeat, minimum=1)
+    _validate.integer("warmup", warmup)
+    _validate.size("noise_floor", noise_floor, allow_zero=True)
+    _validate.integer("top", top)
+    _validate.integer("frames", frames, minimum=1, maximum=1000)
+
+
+def _steps(
+    repeat: int, warmup: int, noise_floor: int | str, trace: bool, frames: int, top: int
+) -> Generator[str, None, Report]:
+    """The measuring protocol; the caller runs the workload each time it yields "run"."""
+    start = time.perf_counter()
+    for _ in range(warmup):
+        yield "run"
+    untraced = (time.perf_counter() - start) / warmup if warmup else None
+    before = snapshot(trace=trace, frames=frames)
+    before.warmup = warmup
+    before.untraced_seconds = untraced
+    try:
+        for _ in range(repeat):
+            before._clock = time.perf_counter()
+            yield "run"
+            before.checkpoint()
+    except BaseException:
+        before.close()
+        raise
+    return diagnose(before, iterations=repeat, noise_floor=noise_floor, top=top)
 
 
 def measure(
@@ -702,32 +1228,29 @@ def measure(
     warmup: int = 1,
     noise_floor: int | str = DEFAULT_NOISE_FLOOR,
     trace: bool = True,
-    frames: int = 1,
+    frames: int = DEFAULT_FRAMES,
     top: int = 10,
 ) -> Report:
     """Run ``workload`` ``warmup`` times, then ``repeat`` times under measurement; diagnose.
 
-    Leak components count steady growth (median per iteration x ``repeat``), so a cache filled
-    once is reported as ``one_time``, not as a leak. Bad arguments raise TypeError/ValueError
-    before anything runs.
+    Leak components count steady growth (see the module docstring), so a cache filled once is
+    reported as ``one_time``, not as a leak. The warm-up runs untraced and timed, so the report
+    says how much slower tracemalloc made the measured runs. Bad arguments raise
+    TypeError/ValueError before anything runs; tracemalloc is restored on every path.
     """
-    if not callable(workload):
-        raise TypeError(f"workload must be callable, not {type(workload).__name__}")
-    _check_repeat(repeat, warmup)
-    _threshold(noise_floor, "noise_floor")
-    _check_count(top, "top", 0)
-    for _ in range(warmup):
-        workload()
-    before = snapshot(trace=trace, frames=frames)
-    before.warmup = warmup
+    _check_measure(workload, repeat, warmup, noise_floor, top, frames)
+    _validate.flag("trace", trace)
+    steps = _steps(repeat, warmup, noise_floor, trace, frames, top)
     try:
-        for _ in range(repeat):
-            workload()
-            before.checkpoint()
-    except BaseException:
-        before.close()
-        raise
-    return diagnose(before, iterations=repeat, noise_floor=noise_floor, top=top)
+        while True:
+            next(steps)
+            try:
+                workload()
+            except BaseException as exc:
+                steps.throw(exc)
+    except StopIteration as done:
+        report: Report = done.value
+        return report
 
 
 async def ameasure(
@@ -737,24 +1260,22 @@ async def ameasure(
     warmup: int = 1,
     noise_floor: int | str = DEFAULT_NOISE_FLOOR,
     trace: bool = True,
-    frames: int = 1,
+    frames: int = DEFAULT_FRAMES,
     top: int = 10,
 ) -> Report:
     """:func:`measure` for a coroutine function: ``await workload()`` for each iteration."""
-    if not callable(workload):
-        raise TypeError(f"workload must be callable, not {type(workload).__name__}")
-    _check_repeat(repeat, warmup)
-    _threshold(noise_floor, "noise_floor")
-    _check_count(top, "top", 0)
-    for _ in range(warmup):
-        await workload()
-    before = snapshot(trace=trace, frames=frames)
-    before.warmup = warmup
+    _check_measure(workload, repeat, warmup, noise_floor, top, frames)
+    _validate.flag("trace", trace)
+    steps = _steps(repeat, warmup, noise_floor, trace, frames, top)
     try:
-        for _ in range(repeat):
-            await workload()
-            before.checkpoint()
-    except BaseException:
-        before.close()
-        raise
-    return diagnose(before, iterations=repeat, noise_floor=noise_floor, top=top)
+        while True:
+            next(steps)
+            try:
+                result = workload()
+                if inspect.isawaitable(result):
+                    await result
+            except BaseException as exc:
+                steps.throw(exc)
+    except StopIteration as done:
+        report: Report = done.value
+        return report

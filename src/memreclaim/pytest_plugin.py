@@ -16,7 +16,9 @@ See docs/pytest-plugin.md. This is a face: it uses :mod:`memreclaim.diagnosis` a
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,20 +26,30 @@ from typing import Any
 
 import pytest
 
+from . import _validate
 from .diagnosis import Report, Snapshot, ameasure, diagnose, measure, snapshot
-from .units import format_bytes, parse_bytes
+from .units import format_bytes
 
 __all__ = ["LeakError", "MemoryFixture", "RetentionError"]
 
 _SECTION = "memreclaim"
+_LEAK_WORDS = {
+    "python_leak": "Python",
+    "native_leak": "native, malloc",
+    "mapped_leak": "native, outside malloc",
+}
 
 
 class LeakError(AssertionError):
     """A measured block leaked more than its limit; the message is the full diagnosis."""
 
+    record: _Record | None = None
+
 
 class RetentionError(AssertionError):
     """More memory than allowed stayed resident after a trim; the message is the diagnosis."""
+
+    record: _Record | None = None
 
 
 # ---- settings ---------------------------------------------------------------------------------
@@ -83,30 +95,33 @@ class _Record:
     source: str
     failure: str | None = None
     forced: bool = False
+    location: str | None = None
+
+
+def _caller() -> str | None:
+    """``file:line`` of the test code that called the fixture (not the plugin, not contextlib)."""
+    skip = (os.path.abspath(__file__), contextlib.__file__)
+    frame = inspect.currentframe()
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name not in skip and not name.startswith("<frozen"):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 def _count(value: object, name: str, minimum: int) -> int:
+    """A whole number; ini values arrive as strings."""
     if isinstance(value, str):
-        value = value.strip()
-        if not value.isdigit():
+        text = value.strip()
+        if not text.isdigit():
             raise ValueError(f"{name} must be a whole number, got {value!r}")
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+        value = int(text)
+    return _validate.integer(name, value, minimum=minimum)
 
 
 def _size(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise TypeError(
-            f"{name} must be a size in bytes or a string like '1 MiB', not {type(value).__name__}"
-        )
-    try:
-        return parse_bytes(value)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{name}: {exc}") from None
+    return _validate.size(name, value, allow_zero=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -186,13 +201,16 @@ class MemoryFixture:
 
     def _judge(self, report: Report, leak: int, retained: int | None, source: str) -> None:
         failure = _failure(report, leak, retained)
-        record = _Record(report, source, failure)
+        record = _Record(report, source, failure, location=_caller())
         self.records.append(record)
         if self.node is not None:
             self.node.stash.setdefault(_RECORDS, []).append(record)
         if failure is not None:
-            error = LeakError if failure.startswith("leak") else RetentionError
-            raise error(f"memreclaim: {failure}\n{report.format()}")
+            error = (LeakError if failure.startswith("leak") else RetentionError)(
+                f"memreclaim: {failure}\n{report.format()}"
+            )
+            error.record = record
+            raise error
 
     @contextmanager
     def check(
@@ -258,11 +276,17 @@ class MemoryFixture:
         return report
 
 
+def _short(location: str) -> str:
+    cwd = os.getcwd() + os.sep
+    return location[len(cwd) :] if location.startswith(cwd) else location
+
+
 def _failure(report: Report, leak: int | None, retained: int | None) -> str | None:
     if leak is not None and report.leak_per_iteration > leak:
         per = " per run" if report.iterations > 1 else ""
+        kinds = " + ".join(_LEAK_WORDS[k] for k in report.leaks())
         return (
-            f"leaked {format_bytes(report.leak_per_iteration)}{per}, over the "
+            f"leaked {format_bytes(report.leak_per_iteration)}{per} ({kinds}), over the "
             f"{format_bytes(leak)} limit"
         )
     if retained is not None and report.retained > retained:
@@ -395,6 +419,13 @@ def pytest_runtest_makereport(
     if not records or report.when != "call":
         return report
     settings = item.config.stash[_SETTINGS]
+    raised = call.excinfo.value if call.excinfo is not None else None
+    mine = raised.record if isinstance(raised, LeakError | RetentionError) else None
+    if mine is not None and report.failed:
+        where = f"{_short(mine.location)}: " if mine.location else ""
+        report.longrepr = (
+            f"{where}memreclaim ({mine.source}): {mine.failure}\n{mine.report.format()}"
+        )
     for record in records:
         if not (record.failure is not None and not record.forced):  # else: in the error message
             title = f"{_SECTION}: {record.source}"
@@ -407,7 +438,8 @@ def pytest_runtest_makereport(
                 f"(the diagnosis is in the '{_SECTION}: {record.source}' section below)"
             )
         elif record.failure is None:
-            kept = record.report.allocator_retention + record.report.unreclaimed_retention
+            r = record.report
+            kept = r.allocator_retention + r.pymalloc_retention + r.unreclaimed_retention
             if kept >= settings.note_threshold:
                 note = f"{item.nodeid}: {record.report.verdict}"
                 report.user_properties.append(("memreclaim_note", note))
