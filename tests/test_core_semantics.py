@@ -142,19 +142,21 @@ def test_pin_mmap_threshold_decides_where_a_block_goes(
     out = run_python(
         MALLINFO2
         + """
-def place(threshold):
+def place(threshold, size):
     memreclaim.pin_mmap_threshold(threshold)
     mapped0, heap0 = libc.mallinfo2().hblkhd, memreclaim.heap_stats()
-    block = libc.malloc(200 * 1024)
+    block = libc.malloc(size)
     mapped1, heap1 = libc.mallinfo2().hblkhd, memreclaim.heap_stats()
     libc.free(block)
     return dict(mmapped=mapped1 - mapped0, in_use=heap1.in_use - heap0.in_use,
                 mapped=heap1.mapped - heap0.mapped, hblkhd=heap1.figures["hblkhd"],
                 indep_hblkhd=mapped1)
 # 1 MiB first: freeing an mmapped block raises glibc's adaptive threshold above that block,
-# so a threshold that was never set would leave the second block in the heap
-large = place(1024 * 1024)
-emit(small=place(64 * 1024), large=large)
+# so a threshold that was never set would leave the second block in the heap. Two sizes: glibc
+# 2.42+ keeps freed chunks of this size in its thread cache, which would hand the first block
+# back to the second malloc without asking where a new one should go.
+large = place(1024 * 1024, 200 * 1024)
+emit(small=place(64 * 1024, 300 * 1024), large=large)
 """
     )
     small, large = out["small"], out["large"]

@@ -471,7 +471,7 @@ def test_coexists_with_pytest_memray(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*memreclaim (@no_leak): leaked * per run, over the 512.0 KiB limit*",
+            "*memreclaim (@no_leak): leaked * per run (native*), over the 512.0 KiB limit*",
             "*verdict: native leak*",
             "*Allocation results for test_work.py::test_both_plugins_pass*",
         ]

@@ -1037,19 +1037,34 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
             return 0
         return max(p_pymalloc[0] - base.pymalloc[0], 0)
 
-    def outside(anon: int | None, owned: int | None, pym: tuple[int, int] | None) -> int:
-        mine = _clip((owned or 0) - (base.owned or 0)) + arenas(pym)
+    def outside(
+        anon: int | None,
+        owned: int | None,
+        pym: tuple[int, int] | None,
+        traced: int | None,
+        own: int,
+    ) -> int:
+        # Without pymalloc's own figures (another allocator hook is installed), the traced
+        # growth stands in for its arenas: Python objects are never memory outside malloc.
+        if pym is None or base.pymalloc is None:
+            pymalloc = _clip((traced or 0) - (base.traced or 0)) if base.traced is not None else 0
+        else:
+            pymalloc = arenas(pym)
+        # tracemalloc's own tables are malloc's too, but they may refill heap pages an earlier
+        # trim gave back, which raises RSS and not the heap's size: never outside malloc.
+        tables = int(max(own - base.own, 0) * hidden)
+        mine = _clip((owned or 0) - (base.owned or 0)) + pymalloc + tables
         return (anon or 0) - (base.anon or 0) - mine
 
     private_leak: int | None = None
     private_once = 0
     if base.owned is not None and base.anon is not None:
-        values = [outside(p.anon, p.owned, p.pymalloc) for p in points]
+        values = [outside(p.anon, p.owned, p.pymalloc, p.traced, p.own) for p in points]
         series["outside malloc"] = values
         thresholds["outside malloc"] = threshold((jit.anon or 0) + (jit.owned or 0))
         private_leak, private_once = _judge(values, thresholds["outside malloc"])
         # Confirmed after the trim: memory the allocator gave back was not outside it.
-        left = outside(after_trim.rss_anon, after_owned, after_pymalloc)
+        left = outside(after_trim.rss_anon, after_owned, after_pymalloc, end.traced, end.own)
         private_leak = min(private_leak, max(left, 0))
         if private_leak < thresholds["outside malloc"]:
             private_leak = 0
