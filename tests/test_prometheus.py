@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from test_limits import JOIN, v1_cgroup  # noqa: F401  (a fixture: a fresh cgroup v1)
 
-from memreclaim import _accounting
 from memreclaim.integrations import prometheus
 
 MiB = 1 << 20
@@ -103,13 +102,27 @@ def test_limit_gauge_in_a_real_cgroup(
     assert values["memreclaim_limit_target_bytes"] == int(512 * MiB * 0.9)
 
 
-def test_generate_latest_agrees_with_the_totals() -> None:
-    registry = CollectorRegistry()
-    prometheus.register(registry)
-    text = generate_latest(registry).decode()
-    totals = _accounting.totals()
-    assert f"memreclaim_trims_total {float(totals.trims)}" in text
-    assert f"memreclaim_released_bytes_total {float(totals.released_bytes)}" in text
+def test_generate_latest_agrees_with_the_totals(
+    run_python: Callable[..., dict[str, Any]],
+) -> None:
+    # In a fresh interpreter: runners other tests left in this worker would trim in between.
+    out = run_python(
+        """
+from prometheus_client import CollectorRegistry, generate_latest
+from memreclaim import _accounting
+from memreclaim.integrations import prometheus
+memreclaim.trim()
+registry = CollectorRegistry()
+prometheus.register(registry)
+text = generate_latest(registry).decode()
+totals = _accounting.totals()
+emit(text=text, trims=totals.trims, released=totals.released_bytes)
+"""
+    )
+    text = out["text"]
+    assert out["trims"] == 1
+    assert f"memreclaim_trims_total {float(out['trims'])}" in text
+    assert f"memreclaim_released_bytes_total {float(out['released'])}" in text
     for name in (
         "memreclaim_rss_bytes",
         "memreclaim_rss_anon_bytes",
