@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from memreclaim.policy import AUTO_SLACK_MIN, PacingPolicy
+from memreclaim.policy import AUTO_SLACK_MIN, NEAR_LIMIT_TICK, PacingPolicy
 
 MiB = 2**20
 DATA = Path(__file__).parent / "data"
@@ -267,6 +267,43 @@ def test_soft_limit_trims_regardless_and_warns_once_when_live(
     warnings = [r for r in caplog.records if "near the limit" in r.getMessage()]
     assert len(warnings) == 1
     assert "MiB" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("limit", ["512 MiB", None], ids=["soft-limit", "no-limit"])
+def test_approaching_the_limit_skips_the_backoff_and_reads_often(limit: str | None) -> None:
+    """Issue 13's two-phase service: unproductive trims first (back-off), then a spike freed
+    at 450 MiB, below the 461 MiB mark but nearer it than the learned level: with a limit the
+    runner reads RSS every 20 ms and trims once the burst is over; without one, the back-off
+    makes it wait."""
+    policy = PacingPolicy(min_interval=1.0, backoff_max=30.0, limit=limit)
+    proc = FakeProcess()
+    policy.reset(0.0, proc.rss)
+    assert policy.tick_interval(1.0) == 1.0
+    for n in range(3):  # live growth, learned by unproductive trims: the back-off is on
+        proc.allocate(20 * MiB)
+        policy.record_trim(float(n), growth=20 * MiB, released=0, rss_after=proc.rss)
+    assert policy.wait > 2.0
+    proc.allocate(330 * MiB)
+    proc.release(330 * MiB)  # freed, but RSS stays (450 MiB): the heap is fragmented
+    assert policy.decide(2.5, proc.rss) == "rising"  # the burst just happened: no trim yet
+    if limit is None:
+        assert policy.tick_interval(1.0) == 1.0
+        assert policy.decide(3.5, proc.rss) == "backoff"
+    else:
+        assert policy.tick_interval(1.0) == NEAR_LIMIT_TICK
+        assert policy.tick_interval(0.01) == 0.01  # never slower than asked
+        assert policy.decide(3.5, proc.rss) == "trim"  # the back-off no longer applies
+        assert "approaching the limit" in policy.reason
+        policy.record_trim(3.5, growth=330 * MiB, released=proc.trim(), rss_after=proc.rss)
+        assert policy.tick_interval(1.0) == 1.0  # back at the level: normal readings
+    # Far from the limit the same pattern keeps the normal pacing.
+    far = PacingPolicy(min_interval=1.0, backoff_max=30.0, limit="8 GiB")
+    far.reset(0.0, 60 * MiB)
+    for n in range(3):
+        far.record_trim(float(n), growth=20 * MiB, released=0, rss_after=(80 + 20 * n) * MiB)
+    far.decide(2.5, 450 * MiB)
+    assert far.decide(3.5, 450 * MiB) == "backoff"
+    assert far.tick_interval(1.0) == 1.0
 
 
 def test_requires_reset() -> None:

@@ -34,9 +34,13 @@ The model is Go's heap scavenger (reclaim paced to a CPU budget) and the JVM's
   ``cpu_budget * budget_window`` seconds (a 1 % budget over 300 s allows 3 s of trims at once:
   a dozen trims of a loaded machine).
   An expensive trim thus pushes the next one back by its measured cost, a cheap one does not.
-- **Soft limit.** With ``limit=`` (bytes), when RSS reaches ``limit_fraction`` (90 %) of it, the
-  policy trims at every ``min_interval`` whatever the back-off, the budget and the rising check
-  say, as long as the learned level is below that mark. When the level itself, live memory,
+- **Soft limit.** With ``limit=`` (bytes), the policy works harder as RSS nears the limit, in
+  two stages. Approaching: once RSS is nearer the mark (``limit_fraction``, 90 %, of the limit)
+  than the learned level, the back-off no longer applies (the rising check and the CPU budget
+  still do), and :meth:`PacingPolicy.tick_interval` asks the runner for a reading every 20 ms
+  instead of every ``interval``. At the mark: it trims at every ``min_interval`` whatever the
+  trigger, the back-off, the budget and the rising check say, as long as the learned level is
+  below that mark. When the level itself, live memory,
   reaches it, trimming cannot help: the policy logs that once, with figures (WARNING on the
   ``memreclaim`` logger), and goes back to its normal pacing.
 
@@ -54,7 +58,7 @@ from typing import Literal
 from . import _validate
 from .units import format_bytes
 
-__all__ = ["AUTO_SLACK_FRACTION", "AUTO_SLACK_MIN", "Decision", "PacingPolicy"]
+__all__ = ["AUTO_SLACK_FRACTION", "AUTO_SLACK_MIN", "NEAR_LIMIT_TICK", "Decision", "PacingPolicy"]
 
 logger = logging.getLogger("memreclaim")
 
@@ -65,6 +69,9 @@ AUTO_SLACK_MIN = 8 << 20
 """With ``slack=None``, the trigger is at least this many bytes of growth."""
 AUTO_SLACK_FRACTION = 0.125
 """With ``slack=None``, the trigger is this fraction of the learned level (if larger)."""
+NEAR_LIMIT_TICK = 0.02
+"""Seconds between a runner's readings while RSS approaches the limit (see
+:meth:`PacingPolicy.tick_interval`)."""
 
 
 def _auto_limit() -> int | None:
@@ -353,15 +360,41 @@ class PacingPolicy:
         reason = self._trigger(rss, traced, free, slack)
         if reason is None:
             return "below-slack"
+        # Approaching the limit (nearer the mark than the learned level: the growth a trim could
+        # give back exceeds the headroom left), the back-off may not make it wait. The rising
+        # check still holds: trims in the middle of a burst give nothing and would only spend
+        # the minimum interval that the trim at the mark needs.
+        approaching = self._approaching(rss, level)
         rising = rss - lowest > self.settle
         if rising and not settled and in_flight != 0:
             return "rising"
-        if self._last_trim is not None and now < self._last_trim + self.wait:
-            return "backoff" if self.wait > self._min_interval else "min-interval"
+        wait = self._min_interval if approaching else self.wait
+        if self._last_trim is not None and now < self._last_trim + wait:
+            return "backoff" if wait > self._min_interval else "min-interval"
         if self.credit(now) < 0:
             return "budget"
-        self._reason = reason
+        self._reason = reason if not approaching else f"{reason}, approaching the limit"
         return "trim"
+
+    def _approaching(self, rss: int, level: int) -> bool:
+        """RSS is nearer the limit's mark than the learned level (and the level below it)."""
+        if self._limit is None:
+            return False
+        mark = int(self._limit * self._limit_fraction)
+        return level < mark and rss - level > mark - rss
+
+    def tick_interval(self, interval: float) -> float:
+        """Seconds a runner should wait before its next reading, given its ``interval``.
+
+        ``interval`` itself, except while RSS (the last reading) is approaching the limit: then
+        :data:`NEAR_LIMIT_TICK`, so that the trim at the mark comes within a few MiB of
+        allocation, not a second of it. A reading costs about a microsecond.
+        """
+        if self._previous is None or self._level is None:
+            return interval
+        if self._approaching(self._previous, self._level):
+            return min(interval, NEAR_LIMIT_TICK)
+        return interval
 
     def _trigger(self, rss: int, traced: int | None, free: int | None, slack: int) -> str | None:
         grown = self.growth(rss, traced)

@@ -623,8 +623,9 @@ class Watchdog(_Runner):
         self._policy_ready = False
         try:
             while True:
-                scheduled = loop.time() + self._interval
-                await asyncio.sleep(self._interval)
+                wait = self._policy.tick_interval(self._interval)
+                scheduled = loop.time() + wait
+                await asyncio.sleep(wait)
                 now = loop.time()
                 try:
                     decision, growth = self._check(time.monotonic(), max(0.0, now - scheduled))
@@ -897,8 +898,9 @@ class BackgroundTrimmer(_Runner):
 
     def _run(self, stop_event: threading.Event) -> None:
         while True:
-            scheduled = time.monotonic() + self._interval
-            if stop_event.wait(self._interval):
+            wait = self._policy.tick_interval(self._interval)
+            scheduled = time.monotonic() + wait
+            if stop_event.wait(wait):
                 return
             try:
                 self._tick(lag=max(0.0, time.monotonic() - scheduled))
