@@ -28,7 +28,8 @@
 #   MATRIX_CACHE      chroot cache (default /var/tmp/memreclaim-chroots)
 #   MATRIX_CHROOT_<suite>=DIR  use a ready chroot DIR as is (no debootstrap, no apt, no stamp;
 #                     only DIR$MATRIX_INSIDE is written), e.g. MATRIX_CHROOT_forky=/srv/forky
-#   MATRIX_INSIDE     work directory inside a chroot (default /opt/memreclaim-matrix; the venv
+#   MATRIX_INSIDE     work directory inside a chroot (default /opt/memreclaim-matrix.PID, one per
+#                     run, so that runs sharing a cached chroot do not collide; the venv
 #                     must be readable by other users: a CLI test runs as nobody)
 #   MATRIX_MIRROR     Debian mirror (default: the first `URIs:`/`deb` entry in the apt sources)
 #   MATRIX_KEEP=1     keep the work directories (logs, venvs) instead of removing them at exit
@@ -39,7 +40,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 CACHE=${MATRIX_CACHE:-/var/tmp/memreclaim-chroots}
-INSIDE=${MATRIX_INSIDE:-/opt/memreclaim-matrix}  # not under /root: some tests run as nobody
+INSIDE=${MATRIX_INSIDE:-/opt/memreclaim-matrix.$$}  # not under /root: some tests run as nobody
 CHROOT_TIMEOUT=${MATRIX_CHROOT_TIMEOUT:-900}
 INSTALL_TIMEOUT=${MATRIX_INSTALL_TIMEOUT:-900}
 TEST_TIMEOUT=${MATRIX_TEST_TIMEOUT:-1200}
