@@ -19,7 +19,6 @@ import ctypes
 import gc
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import timeit
 from pathlib import Path
 
 import memreclaim
+from memreclaim import workloads
 
 PREAD_C = r"""
 #include <fcntl.h>
@@ -111,9 +111,8 @@ def bench_rss(number: int, repeat: int) -> dict[str, float | None]:
 
 
 def fragmented_heap() -> list[tuple[str, float]]:
-    r = random.Random(0)
-    data = [("x" * r.randint(600, 4000), r.random()) for _ in range(160_000)]
-    survivors = data[::50]
+    data = workloads.strings(160_000)
+    survivors = workloads.keep_every(data, 50)
     del data
     gc.collect()
     return survivors

@@ -40,6 +40,7 @@ from typing import Any
 
 import memreclaim
 import memreclaim.watchdog as watchdog_module
+from memreclaim import workloads
 
 MiB = 2**20
 PROBE_PERIOD = 0.001
@@ -47,9 +48,8 @@ ALLOC_SIZE = 2048  # read at run time: not a constant expression CPython could f
 
 
 def fragmented_heap() -> list[tuple[str, float]]:
-    r = random.Random(0)
-    data = [("x" * r.randint(600, 4000), r.random()) for _ in range(160_000)]
-    kept = data[::50]
+    data = workloads.strings(160_000)
+    kept = workloads.keep_every(data, 50)
     del data
     gc.collect()
     return kept

@@ -33,21 +33,19 @@ PRELUDE = textwrap.dedent(
     """
     import asyncio, gc, json, os, random, sys, threading, time
     import memreclaim
-    from memreclaim import BackgroundTrimmer, Watchdog, rss
+    from memreclaim import BackgroundTrimmer, Watchdog, rss, workloads
 
     MiB = 2**20
 
     def spike(keep_every=50):
-        r = random.Random(0)
-        data = [("x" * r.randint(600, 4000), r.random()) for _ in range(160_000)]
-        kept = data[::keep_every]
+        data = workloads.strings(160_000)
+        kept = workloads.keep_every(data, keep_every)
         del data
         gc.collect()
         return kept
 
     def live(n=160_000):
-        r = random.Random(0)
-        return [("x" * r.randint(600, 4000), r.random()) for _ in range(n)]
+        return workloads.strings(n)
 
     def spike_holding_the_gil():
         # The spike is pure Python: with a long switch interval no other thread (a trimmer)
@@ -472,7 +470,11 @@ def test_watchdog_waits_for_idle_when_busy_ends_before_deadline() -> None:
             state["busy"] = False
 
         async def main():
-            async with Watchdog(interval=0.02, slack="64 MiB", min_interval=0.02,
+            # The rising check looks back one reading only (settle_window 10 ms): the trigger
+            # fires on the first tick after the spike, while the loop is busy, on any machine.
+            policy = memreclaim.PacingPolicy(slack="64 MiB", min_interval=0.02,
+                                             settle_window=0.01)
+            async with Watchdog(interval=0.02, policy=policy,
                                 idle_deadline=60.0, on_trim=on_trim) as wd:
                 await asyncio.sleep(0.05)
                 kept = spike()
