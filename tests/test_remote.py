@@ -64,7 +64,10 @@ class Target:
         self.proc = proc
         self.stop = stop
         line = self._readline(180)
-        assert line.startswith("READY"), f"target did not start: {line!r}"
+        if not line.startswith("READY"):
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=60)
+            raise AssertionError(f"target did not start: {line!r}\n{err}")
         _, pid, base, peak = line.split()
         self.pid, self.base, self.peak = int(pid), int(base), int(peak)
         assert self.peak - self.base > 200 * MiB, "the spike did not stay resident"
@@ -90,11 +93,11 @@ class Target:
 def spiking(tmp_path: Path) -> Iterator[Callable[..., Target]]:
     targets: list[Target] = []
 
-    def start(handler: bool = True) -> Target:
+    def start(handler: bool = True, argv: list[str] | None = None) -> Target:
         stop = tmp_path / f"stop-{len(targets)}"
         code = f"HANDLER = {handler!r}\nSTOP = {str(stop)!r}\n" + TARGET
         proc = subprocess.Popen(
-            [sys.executable, "-c", code],
+            [*(argv or [sys.executable]), "-c", code],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
