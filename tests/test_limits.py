@@ -4,6 +4,7 @@ Done-when OOM scenario in a real 512 MiB cgroup v1."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import resource
 import time
@@ -326,3 +327,105 @@ def test_oom_scenario_cgroup1(
         assert out["unproductive"] >= 1  # the trims before the spike gave nothing back
         assert out["released"] > 200 * MiB
         assert oom_kills() == 0
+
+
+# ---- the usage alarm (cgroup v1 thresholds) ----------------------------------------------------
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_usage_alarm_failure_modes(tmp_path: Path) -> None:
+    """No cgroup files: OSError with errno, nothing left open; bad thresholds: clear errors."""
+    before = _open_fds()
+    with pytest.raises(OSError) as info:
+        limits_mod.UsageAlarm(str(tmp_path), 64 * MiB)
+    assert info.value.errno == errno.ENOENT
+    assert _open_fds() == before
+    with pytest.raises(ValueError, match="threshold"):
+        limits_mod.UsageAlarm(str(tmp_path), 0)
+    with pytest.raises(TypeError, match="threshold"):
+        limits_mod.UsageAlarm(str(tmp_path), 1.5)  # type: ignore[arg-type]
+    assert _open_fds() == before
+
+
+ALARM = (
+    JOIN
+    + """
+import select, time
+from memreclaim._limits import UsageAlarm
+usage = lambda: int(open(CGROUP + "/memory.usage_in_bytes").read())
+alarm = UsageAlarm(CGROUP, usage() + 64 * MiB)
+quiet = alarm.wait(0)
+blocks = [bytearray(8 * MiB) for _ in range(16)]      # 128 MiB, touched: crosses the threshold
+for b in blocks:
+    b[::4096] = b"x" * len(b[::4096])
+fired = alarm.wait(60)                                # bounded; the kernel says at once
+alarm.poke()
+poked = alarm.wait(0)
+fd = alarm.fileno()
+alarm.close()
+alarm.close()                                         # idempotent
+emit(quiet=quiet, fired=fired, poked=poked, after_close=alarm.wait(0), fileno=alarm.fileno(),
+     fd_open=os.path.exists(f"/proc/self/fd/{fd}"))
+"""
+)
+
+
+def test_usage_alarm_fires_when_usage_crosses(
+    v1_cgroup: Path, run_python: Callable[..., dict[str, Any]]
+) -> None:
+    (v1_cgroup / "memory.limit_in_bytes").write_text(str(1024 * MiB))
+    out = run_python(ALARM, params={"CGROUP": str(v1_cgroup), "MiB": MiB})
+    assert out == {
+        "quiet": False,
+        "fired": True,
+        "poked": True,
+        "after_close": False,
+        "fileno": -1,
+        "fd_open": False,
+    }
+
+
+ALARM_RUNNER = (
+    JOIN
+    + """
+import time
+from memreclaim import workloads
+usage = lambda: int(open(CGROUP + "/memory.usage_in_bytes").read())
+data = workloads.strings(150_000)            # ~330 MiB, 2 % kept: retained by the allocator
+survivors = workloads.keep_every(data, 50)
+del data
+events = []
+# A soft limit whose mark (90 %) is 64 MiB above the usage now, and a tick interval far longer
+# than this test's deadline: only the alarm at the mark can wake the thread in time.
+runner = memreclaim.BackgroundTrimmer(interval=120, limit=int((usage() + 64 * MiB) / 0.9),
+                                      on_trim=events.append)
+runner.start()
+armed = runner.limit_alarm is not None
+blocks = [bytearray(8 * MiB) for _ in range(16)]      # 128 MiB of fresh buffers cross the mark
+for b in blocks:
+    b[::4096] = b"x" * len(b[::4096])
+end = time.monotonic() + 60
+while not events and time.monotonic() < end:
+    time.sleep(0.05)
+stopped = runner.stop()
+emit(armed=armed, trims=len(events), released=sum(e.released for e in events),
+     reason=events[0].reason if events else None, stopped=stopped,
+     alarm_after_stop=runner.limit_alarm is not None)
+"""
+)
+
+
+def test_runner_wakes_at_the_limit_mark_through_the_alarm(
+    v1_cgroup: Path, run_python: Callable[..., dict[str, Any]]
+) -> None:
+    """Between two ticks (120 s apart), a burst crossing the soft limit's mark is trimmed."""
+    (v1_cgroup / "memory.limit_in_bytes").write_text(str(1024 * MiB))
+    out = run_python(ALARM_RUNNER, params={"CGROUP": str(v1_cgroup), "MiB": MiB}, timeout=180)
+    assert out["armed"], "no usage alarm was registered in the cgroup v1"
+    assert out["trims"] >= 1, "the runner did not wake at the mark within 60 s (ticks: 120 s)"
+    assert out["released"] > 150 * MiB
+    assert "limit" in out["reason"]
+    assert out["stopped"] and not out["alarm_after_stop"]

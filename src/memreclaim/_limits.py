@@ -24,8 +24,10 @@ read: refresh to see new ones.
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
+import select
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -33,7 +35,7 @@ from types import MappingProxyType
 
 from . import _validate
 
-__all__ = ["UNLIMITED", "Limits", "limits", "read_limits"]
+__all__ = ["UNLIMITED", "Limits", "UsageAlarm", "limits", "read_limits"]
 
 UNLIMITED = 1 << 60
 """A limit at or above this many bytes (1 EiB) is treated as no limit."""
@@ -289,6 +291,118 @@ def limits(refresh: bool = False) -> Limits:
         if _cached is None or refresh:
             _cached = read_limits()
         return _cached
+
+
+class UsageAlarm:
+    """A kernel notification when a cgroup v1 memory cgroup's usage crosses ``threshold`` bytes.
+
+    ``memory.usage_in_bytes`` is registered with an eventfd through ``cgroup.event_control``. The
+    kernel checks thresholds as it charges pages (every few hundred KiB), so the eventfd becomes
+    readable within about a MiB of the crossing (upwards or downwards), however fast memory
+    grows: a runner sleeping on it (:meth:`wait`) wakes at the limit's mark instead of at its
+    next tick. The registration ends when the eventfd is closed (:meth:`close`).
+
+    cgroup v2 has no usage threshold: there, the runners' readings speed up near the limit
+    instead (:meth:`memreclaim.policy.PacingPolicy.tick_interval`).
+
+    Raises:
+        OSError: the cgroup has no ``memory.usage_in_bytes`` or ``cgroup.event_control``, or the
+            kernel refused the registration (e.g. ``EACCES`` for a cgroup this user cannot
+            write): nothing stays open.
+        ValueError: for a threshold that is not > 0.
+    """
+
+    def __init__(self, cgroup_dir: str, threshold: int) -> None:
+        self.threshold = _validate.size("threshold", threshold)
+        self.cgroup_dir = os.fspath(cgroup_dir)
+        self._lock = threading.Lock()
+        self._efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        try:
+            usage = os.open(
+                os.path.join(self.cgroup_dir, "memory.usage_in_bytes"),
+                os.O_RDONLY | os.O_CLOEXEC,
+            )
+            try:
+                control = os.open(
+                    os.path.join(self.cgroup_dir, "cgroup.event_control"),
+                    os.O_WRONLY | os.O_CLOEXEC,
+                )
+                try:
+                    os.write(control, f"{self._efd} {usage} {self.threshold}".encode())
+                finally:
+                    os.close(control)
+            finally:
+                os.close(usage)  # the kernel keeps what it needs of it
+        except BaseException:
+            os.close(self._efd)
+            raise
+
+    def fileno(self) -> int:
+        """The eventfd (readable once the threshold was crossed), or -1 once closed."""
+        return self._efd
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a crossing (or :meth:`poke`); True if one came.
+
+        Consumes the notification. Returns False at once when the alarm is closed.
+        """
+        fd = self._efd
+        if fd < 0:
+            return False
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, timeout))
+        except (OSError, ValueError):  # closed meanwhile by another thread
+            return False
+        return bool(ready) and self._drain()
+
+    def _drain(self) -> bool:
+        with self._lock:
+            if self._efd < 0:
+                return False
+            try:
+                os.eventfd_read(self._efd)
+            except BlockingIOError:
+                return False
+            return True
+
+    def poke(self) -> None:
+        """Make :meth:`wait` return now (a stopping runner wakes its thread); no-op once closed."""
+        with self._lock:
+            if self._efd >= 0:
+                try:
+                    os.eventfd_write(self._efd, 1)
+                except OSError as exc:  # the counter is full: a wake-up is pending anyway
+                    if exc.errno != errno.EAGAIN:
+                        raise
+
+    def close(self) -> None:
+        """Unregister (close the eventfd); idempotent."""
+        with self._lock:
+            fd, self._efd = self._efd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: close this copy of the eventfd without the (maybe held) lock."""
+        fd, self._efd = self._efd, -1
+        self._lock = threading.Lock()
+        if fd >= 0:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._efd < 0 else f"fd {self._efd}"
+        return f"UsageAlarm({self.cgroup_dir!r}, threshold={self.threshold}, {state})"
+
+
+def usage_alarm(threshold: int) -> tuple[UsageAlarm | None, str]:
+    """A :class:`UsageAlarm` on this process's limiting cgroup v1, or None and why not."""
+    lim = limits()
+    if lim.source != "cgroup1" or lim.path is None:
+        return None, f"no cgroup v1 memory limit (limit source: {lim.source})"
+    try:
+        return UsageAlarm(lim.path, threshold), ""
+    except OSError as exc:
+        return None, f"cannot register a usage threshold in {lim.path}: {exc}"
 
 
 def _reset_in_child() -> None:

@@ -205,6 +205,11 @@ class PacingPolicy:
         return self._limit
 
     @property
+    def limit_mark(self) -> int | None:
+        """The RSS at which trims ignore all pacing: ``limit_fraction`` of ``limit``, or None."""
+        return None if self._limit is None else int(self._limit * self._limit_fraction)
+
+    @property
     def use_traced(self) -> bool:
         """Whether tracemalloc's traced bytes are used when tracing."""
         return self._use_traced

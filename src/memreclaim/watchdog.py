@@ -44,6 +44,7 @@ import memreclaim
 
 from . import _validate
 from ._core import TrimResult, UnsupportedAllocatorError, heap_stats, rss
+from ._limits import UsageAlarm, usage_alarm
 from .policy import Decision, PacingPolicy
 from .units import format_bytes
 
@@ -790,6 +791,7 @@ class BackgroundTrimmer(_Runner):
         )
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
+        self._alarm: UsageAlarm | None = None
         self._pid = os.getpid()
         self._control = threading.Lock()  # serialises start/stop
         self._tick_lock = threading.Lock()  # serialises ticks
@@ -806,6 +808,20 @@ class BackgroundTrimmer(_Runner):
         """The trimmer thread, or None when not running."""
         return self._thread if self.running else None
 
+    @property
+    def limit_alarm(self) -> UsageAlarm | None:
+        """The kernel notification the thread also sleeps on while running, or None.
+
+        With a soft limit (``policy.limit``) in a cgroup v1, :meth:`start` registers a
+        :class:`memreclaim._limits.UsageAlarm` at the limit's mark: the thread wakes when the
+        cgroup's usage crosses it, within about a MiB of allocation, not at its next tick.
+        Where none can be registered (cgroup v2, no limit, no permission) the thread only ticks,
+        faster near the limit (:meth:`PacingPolicy.tick_interval`); the reason is logged once
+        at DEBUG level.
+        """
+        alarm = self._alarm
+        return alarm if alarm is not None and alarm.fileno() >= 0 and self.running else None
+
     def start(self) -> None:
         """Take the floor now and start the trimmer thread.
 
@@ -819,15 +835,28 @@ class BackgroundTrimmer(_Runner):
             self._reset_policy()
             self._stop_event = threading.Event()
             self._pid = os.getpid()
+            alarm = self._open_alarm()
             thread = threading.Thread(
-                target=self._run, args=(self._stop_event,), name=self._name, daemon=True
+                target=self._run, args=(self._stop_event, alarm), name=self._name, daemon=True
             )
             try:
                 thread.start()
             except BaseException:
                 self._thread = None
+                if alarm is not None:
+                    alarm.close()
                 raise
+            self._alarm = alarm
             self._thread = thread
+
+    def _open_alarm(self) -> UsageAlarm | None:
+        mark = self._policy.limit_mark
+        if mark is None:
+            return None
+        alarm, why = usage_alarm(mark)
+        if alarm is None:
+            logger.debug("BackgroundTrimmer %s: no usage alarm: %s", self._name, why)
+        return alarm
 
     def stop(self, timeout: float | None = 5.0) -> bool:
         """Stop the thread and wait up to ``timeout`` seconds for it (a trim in flight finishes).
@@ -843,6 +872,8 @@ class BackgroundTrimmer(_Runner):
                 self._thread = None
                 return True
             self._stop_event.set()
+            if self._alarm is not None:
+                self._alarm.poke()  # wakes the thread if it sleeps on the alarm
             if thread is threading.current_thread():
                 return False
             thread.join(timeout)
@@ -896,22 +927,36 @@ class BackgroundTrimmer(_Runner):
                 return None
             return self._report(time.monotonic(), result, growth, gate, 0.0)
 
-    def _run(self, stop_event: threading.Event) -> None:
-        while True:
-            wait = self._policy.tick_interval(self._interval)
-            scheduled = time.monotonic() + wait
-            if stop_event.wait(wait):
-                return
-            try:
-                self._tick(lag=max(0.0, time.monotonic() - scheduled))
-            except Exception:  # never let the thread die silently
-                logger.exception("BackgroundTrimmer %s: tick failed", self._name)
+    def _run(self, stop_event: threading.Event, alarm: UsageAlarm | None) -> None:
+        try:
+            while True:
+                wait = self._policy.tick_interval(self._interval)
+                scheduled = time.monotonic() + wait
+                if alarm is None:
+                    if stop_event.wait(wait):
+                        return
+                else:
+                    woken = alarm.wait(wait)  # the limit's mark crossed, or stop() poked
+                    if stop_event.is_set():
+                        return
+                    if woken:  # not late: the reading comes now, on purpose
+                        scheduled = time.monotonic()
+                try:
+                    self._tick(lag=max(0.0, time.monotonic() - scheduled))
+                except Exception:  # never let the thread die silently
+                    logger.exception("BackgroundTrimmer %s: tick failed", self._name)
+        finally:
+            if alarm is not None:
+                alarm.close()  # the thread owns it: stop() only pokes it
 
     def _forget_after_fork(self) -> None:
         # The thread was not copied into the child: mark this trimmer not running there.
         super()._forget_after_fork()
         self._thread = None
         self._stop_event = threading.Event()
+        if self._alarm is not None:
+            self._alarm._forget_after_fork()
+            self._alarm = None
         self._control = threading.Lock()
         self._tick_lock = threading.Lock()
         self._pid = os.getpid()
