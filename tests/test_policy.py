@@ -306,6 +306,30 @@ def test_approaching_the_limit_skips_the_backoff_and_reads_often(limit: str | No
     assert far.tick_interval(1.0) == 1.0
 
 
+def test_at_the_mark_freed_memory_is_trimmed_at_once_whatever_the_level() -> None:
+    """A trim at the mark in the middle of a burst learns a level above the mark; when the
+    burst's data is freed (RSS does not move, the allocator's free bytes do), the next read of
+    free bytes (every 100 ms near the limit) trims at once, inside the minimum interval."""
+    policy = PacingPolicy(min_interval=1.0, limit="512 MiB")  # mark 460.8 MiB
+    proc = FakeProcess()
+    policy.reset(0.0, proc.rss)
+    proc.allocate(420 * MiB)  # a burst, live while it is being built: RSS 480 MiB
+    assert policy.decide(1.0, proc.rss) == "trim"  # at the mark the rising check is skipped
+    policy.record_trim(1.0, growth=420 * MiB, released=0, rss_after=proc.rss, free=proc.free)
+    assert policy.level is not None and policy.level > 460 * MiB
+    assert policy.wants_free(1.05) is False
+    assert policy.wants_free(1.1 + 1e-9) is True  # near the limit: every 100 ms
+    proc.release(330 * MiB)  # the burst is over and freed: RSS stays at 480 MiB
+    assert policy.decide(1.2, proc.rss, free=proc.free) == "trim"
+    assert "freed 330.0 MiB" in policy.reason
+    # Without the free bytes nothing shows the free: no trim inside the minimum interval.
+    blind = PacingPolicy(min_interval=1.0, limit="512 MiB")
+    blind.reset(0.0, 60 * MiB)
+    blind.decide(1.0, 480 * MiB)
+    blind.record_trim(1.0, growth=420 * MiB, released=0, rss_after=480 * MiB)
+    assert blind.decide(1.2, 480 * MiB) != "trim"
+
+
 def test_requires_reset() -> None:
     policy = PacingPolicy()
     with pytest.raises(RuntimeError, match="reset"):

@@ -40,7 +40,9 @@ The model is Go's heap scavenger (reclaim paced to a CPU budget) and the JVM's
   still do), and :meth:`PacingPolicy.tick_interval` asks the runner for a reading every 20 ms
   instead of every ``interval``. At the mark: it trims at every ``min_interval`` whatever the
   trigger, the back-off, the budget and the rising check say, as long as the learned level is
-  below that mark. When the level itself, live memory,
+  below that mark; and at once, whatever the level, when the allocator's free bytes (read every
+  100 ms there) rose by more than ``min_release`` since the last trim: a trim in the middle of
+  a burst may have learned a level that the burst's end frees. When the level itself, live memory,
   reaches it, trimming cannot help: the policy logs that once, with figures (WARNING on the
   ``memreclaim`` logger), and goes back to its normal pacing.
 
@@ -58,7 +60,14 @@ from typing import Literal
 from . import _validate
 from .units import format_bytes
 
-__all__ = ["AUTO_SLACK_FRACTION", "AUTO_SLACK_MIN", "NEAR_LIMIT_TICK", "Decision", "PacingPolicy"]
+__all__ = [
+    "AUTO_SLACK_FRACTION",
+    "AUTO_SLACK_MIN",
+    "NEAR_LIMIT_FREE_READ",
+    "NEAR_LIMIT_TICK",
+    "Decision",
+    "PacingPolicy",
+]
 
 logger = logging.getLogger("memreclaim")
 
@@ -72,6 +81,10 @@ AUTO_SLACK_FRACTION = 0.125
 NEAR_LIMIT_TICK = 0.02
 """Seconds between a runner's readings while RSS approaches the limit (see
 :meth:`PacingPolicy.tick_interval`)."""
+NEAR_LIMIT_FREE_READ = 0.1
+"""Seconds between two reads of the allocator's free bytes near the limit (see
+:meth:`PacingPolicy.wants_free`; a read walks glibc's free lists: about 3 ms on a fragmented
+500 MiB heap)."""
 
 
 def _auto_limit() -> int | None:
@@ -295,13 +308,17 @@ class PacingPolicy:
         """Whether the caller should pass the allocator's free bytes (``free=``) to this tick.
 
         True while the level is more than ``slack`` over the floor (memory pinned at the last
-        trim may be freed later, which RSS cannot show), at most once per ``min_interval``.
+        trim may be freed later, which RSS cannot show), at most once per ``min_interval`` (or
+        per second), and every :data:`NEAR_LIMIT_FREE_READ` seconds near the limit.
         """
         floor, level = self._require_reset()
         if level - floor <= self.slack:
             return False
         last = self._last_free_read
-        return last is None or now - last >= min(self._min_interval, 1.0)
+        every = min(self._min_interval, 1.0)
+        if self._previous is not None and self._near_limit(self._previous, level):
+            every = min(every, NEAR_LIMIT_FREE_READ)
+        return last is None or now - last >= every
 
     def decide(
         self,
@@ -352,6 +369,13 @@ class PacingPolicy:
         slack = self.slack
         limit_mark = None if self._limit is None else int(self._limit * self._limit_fraction)
         if limit_mark is not None and rss >= limit_mark:
+            freed = 0 if free is None or self._free_mark is None else free - self._free_mark
+            if freed > self._min_release:  # freed since the last trim: it can go back now
+                self._reason = (
+                    f"freed {format_bytes(freed)} with RSS {format_bytes(rss)} >= "
+                    f"{self._limit_fraction:.0%} of limit {format_bytes(self._limit or 0)}"
+                )
+                return "trim"
             if level < limit_mark and rss - level > self._min_release:
                 if self._last_trim is not None and now < self._last_trim + self._min_interval:
                     return "min-interval"
@@ -380,6 +404,11 @@ class PacingPolicy:
             return "budget"
         self._reason = reason if not approaching else f"{reason}, approaching the limit"
         return "trim"
+
+    def _near_limit(self, rss: int, level: int) -> bool:
+        """RSS at the limit's mark, or approaching it."""
+        mark = self.limit_mark
+        return mark is not None and (rss >= mark or self._approaching(rss, level))
 
     def _approaching(self, rss: int, level: int) -> bool:
         """RSS is nearer the limit's mark than the learned level (and the level below it)."""
