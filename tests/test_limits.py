@@ -391,7 +391,7 @@ def test_usage_alarm_fires_when_usage_crosses(
 ALARM_RUNNER = (
     JOIN
     + """
-import time
+import asyncio, time
 from memreclaim import workloads
 usage = lambda: int(open(CGROUP + "/memory.usage_in_bytes").read())
 data = workloads.strings(150_000)            # ~330 MiB, 2 % kept: retained by the allocator
@@ -399,33 +399,57 @@ survivors = workloads.keep_every(data, 50)
 del data
 events = []
 # A soft limit whose mark (90 %) is 64 MiB above the usage now, and a tick interval far longer
-# than this test's deadline: only the alarm at the mark can wake the thread in time.
-runner = memreclaim.BackgroundTrimmer(interval=120, limit=int((usage() + 64 * MiB) / 0.9),
-                                      on_trim=events.append)
-runner.start()
-armed = runner.limit_alarm is not None
-blocks = [bytearray(8 * MiB) for _ in range(16)]      # 128 MiB of fresh buffers cross the mark
-for b in blocks:
-    b[::4096] = b"x" * len(b[::4096])
-end = time.monotonic() + 60
-while not events and time.monotonic() < end:
-    time.sleep(0.05)
-stopped = runner.stop()
+# than this test's deadline: only the alarm at the mark can wake the runner in time.
+options = dict(interval=120, limit=int((usage() + 64 * MiB) / 0.9), on_trim=events.append)
+
+def burst():                                  # 128 MiB of fresh buffers cross the mark
+    blocks = [bytearray(8 * MiB) for _ in range(16)]
+    for b in blocks:
+        b[::4096] = b"x" * len(b[::4096])
+    return blocks
+
+if KIND == "thread":
+    runner = memreclaim.BackgroundTrimmer(**options)
+    runner.start()
+    armed = runner.limit_alarm is not None
+    blocks = burst()
+    end = time.monotonic() + 60
+    while not events and time.monotonic() < end:
+        time.sleep(0.05)
+    stopped = runner.stop()
+else:
+    async def main():
+        runner = memreclaim.Watchdog(**options)
+        runner.start()
+        await asyncio.sleep(0)                # the task starts and registers the alarm
+        armed = runner.limit_alarm is not None
+        blocks = burst()
+        end = time.monotonic() + 60
+        while not events and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        await runner.stop()
+        return runner, armed
+    runner, armed = asyncio.run(main())
+    stopped = not runner.running
 emit(armed=armed, trims=len(events), released=sum(e.released for e in events),
-     reason=events[0].reason if events else None, stopped=stopped,
-     alarm_after_stop=runner.limit_alarm is not None)
+     reason=events[0].reason if events else None, gate=events[0].gate if events else None,
+     stopped=stopped, alarm_after_stop=runner.limit_alarm is not None)
 """
 )
 
 
+@pytest.mark.parametrize("kind", ["thread", "asyncio"])
 def test_runner_wakes_at_the_limit_mark_through_the_alarm(
-    v1_cgroup: Path, run_python: Callable[..., dict[str, Any]]
+    v1_cgroup: Path, run_python: Callable[..., dict[str, Any]], kind: str
 ) -> None:
-    """Between two ticks (120 s apart), a burst crossing the soft limit's mark is trimmed."""
+    """Between two ticks (120 s apart), a burst crossing the soft limit's mark is trimmed;
+    the asyncio Watchdog does not wait for an idle loop there."""
     (v1_cgroup / "memory.limit_in_bytes").write_text(str(1024 * MiB))
-    out = run_python(ALARM_RUNNER, params={"CGROUP": str(v1_cgroup), "MiB": MiB}, timeout=180)
+    params = {"CGROUP": str(v1_cgroup), "MiB": MiB, "KIND": kind}
+    out = run_python(ALARM_RUNNER, params=params, timeout=180)
     assert out["armed"], "no usage alarm was registered in the cgroup v1"
     assert out["trims"] >= 1, "the runner did not wake at the mark within 60 s (ticks: 120 s)"
     assert out["released"] > 150 * MiB
     assert "limit" in out["reason"]
+    assert out["gate"] in ("thread", "ungated")
     assert out["stopped"] and not out["alarm_after_stop"]

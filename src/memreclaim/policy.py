@@ -184,6 +184,7 @@ class PacingPolicy:
         self._credit_at = 0.0
         self._reason = ""
         self._warned_limit = False
+        self._urgent = False
 
     # ---- configuration (read-only) ----------------------------------------------------------
 
@@ -216,6 +217,12 @@ class PacingPolicy:
     def limit(self) -> int | None:
         """The soft memory limit in bytes, or None."""
         return self._limit
+
+    @property
+    def urgent(self) -> bool:
+        """True when the last ``"trim"`` answer came from the limit (RSS at or approaching its
+        mark): a runner should not defer that trim (e.g. to wait for an idle event loop)."""
+        return self._urgent
 
     @property
     def limit_mark(self) -> int | None:
@@ -367,7 +374,10 @@ class PacingPolicy:
         if self._traced_level is None and traced is not None:
             self._traced_level = traced
         slack = self.slack
-        limit_mark = None if self._limit is None else int(self._limit * self._limit_fraction)
+        limit_mark = self.limit_mark
+        self._urgent = limit_mark is not None and (
+            rss >= limit_mark or self._approaching(rss, level)
+        )
         if limit_mark is not None and rss >= limit_mark:
             freed = 0 if free is None or self._free_mark is None else free - self._free_mark
             if freed > self._min_release:  # freed since the last trim: it can go back now

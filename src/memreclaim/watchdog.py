@@ -255,6 +255,7 @@ class _Runner:
         self._counters = Counters()
         self._in_flight = 0
         self._requests_seen = False
+        self._alarm: UsageAlarm | None = None
 
     @property
     def interval(self) -> float:
@@ -437,10 +438,40 @@ class _Runner:
         self._count(trim_errors=1)
         logger.exception("%s %s: trim() raised", self._kind, self._name)
 
+    @property
+    def running(self) -> bool:
+        """True while the runner runs in this process (each kind says how)."""
+        raise NotImplementedError
+
+    @property
+    def limit_alarm(self) -> UsageAlarm | None:
+        """The kernel notification the thread also sleeps on while running, or None.
+
+        With a soft limit (``policy.limit``) in a cgroup v1, a running runner has registered a
+        :class:`memreclaim._limits.UsageAlarm` at the limit's mark: it wakes when the cgroup's
+        usage crosses it, within about a MiB of allocation, not at its next tick. Where none
+        can be registered (cgroup v2, no limit, no permission) it only ticks, faster near the
+        limit (:meth:`PacingPolicy.tick_interval`); the reason is logged at DEBUG level.
+        """
+        alarm = self._alarm
+        return alarm if alarm is not None and alarm.fileno() >= 0 and self.running else None
+
+    def _open_alarm(self) -> UsageAlarm | None:
+        mark = self._policy.limit_mark
+        if mark is None:
+            return None
+        alarm, why = usage_alarm(mark)
+        if alarm is None:
+            logger.debug("%s %s: no usage alarm: %s", self._kind, self._name, why)
+        return alarm
+
     def _forget_after_fork(self) -> None:
         """Called in a forked child: drop what belongs to the parent's threads."""
         self._lock = threading.Lock()
         self._in_flight = 0
+        if self._alarm is not None:
+            self._alarm._forget_after_fork()
+            self._alarm = None
 
     def _reset_policy(self) -> None:
         if self._thresholds:
@@ -474,6 +505,31 @@ atexit.register(_at_exit)
 
 
 # ---- asyncio --------------------------------------------------------------------------------
+
+
+async def _sleep_or_alarm(
+    loop: asyncio.AbstractEventLoop, alarm: UsageAlarm, seconds: float
+) -> bool:
+    """Sleep ``seconds`` or until the usage alarm fires (True); a loop without ``add_reader``
+    just sleeps."""
+    woken = loop.create_future()
+    fd = alarm.fileno()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    try:
+        loop.add_reader(fd, wake)
+    except (NotImplementedError, ValueError, OSError):
+        await asyncio.sleep(seconds)
+        return False
+    try:
+        await asyncio.wait({woken}, timeout=seconds)
+    finally:
+        loop.remove_reader(fd)
+        woken.cancel()
+    return alarm.wait(0)
 
 
 class Watchdog(_Runner):
@@ -622,11 +678,15 @@ class Watchdog(_Runner):
         if not self._policy_ready:
             self._reset_policy()
         self._policy_ready = False
+        alarm = self._alarm = self._open_alarm()
         try:
             while True:
                 wait = self._policy.tick_interval(self._interval)
                 scheduled = loop.time() + wait
-                await asyncio.sleep(wait)
+                if alarm is None:
+                    await asyncio.sleep(wait)
+                elif await _sleep_or_alarm(loop, alarm, wait):
+                    scheduled = loop.time()  # woken at the limit's mark: not late
                 now = loop.time()
                 try:
                     decision, growth = self._check(time.monotonic(), max(0.0, now - scheduled))
@@ -637,7 +697,7 @@ class Watchdog(_Runner):
                     continue
                 gate: Gate = "ungated"
                 deferred = 0.0
-                if self._idle_gating:
+                if self._idle_gating and not self._policy.urgent:  # never wait at the limit
                     gate, deferred = await self._wait_for_idle(loop)
                 try:
                     result = await self._trim_in_thread(loop)
@@ -649,6 +709,8 @@ class Watchdog(_Runner):
                 if result is not None:
                     self._report(time.monotonic(), result, growth, gate, deferred)
         finally:
+            if alarm is not None:
+                alarm.close()
             if self._task is current:
                 self._task = None
 
@@ -791,7 +853,6 @@ class BackgroundTrimmer(_Runner):
         )
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
-        self._alarm: UsageAlarm | None = None
         self._pid = os.getpid()
         self._control = threading.Lock()  # serialises start/stop
         self._tick_lock = threading.Lock()  # serialises ticks
@@ -807,20 +868,6 @@ class BackgroundTrimmer(_Runner):
     def thread(self) -> threading.Thread | None:
         """The trimmer thread, or None when not running."""
         return self._thread if self.running else None
-
-    @property
-    def limit_alarm(self) -> UsageAlarm | None:
-        """The kernel notification the thread also sleeps on while running, or None.
-
-        With a soft limit (``policy.limit``) in a cgroup v1, :meth:`start` registers a
-        :class:`memreclaim._limits.UsageAlarm` at the limit's mark: the thread wakes when the
-        cgroup's usage crosses it, within about a MiB of allocation, not at its next tick.
-        Where none can be registered (cgroup v2, no limit, no permission) the thread only ticks,
-        faster near the limit (:meth:`PacingPolicy.tick_interval`); the reason is logged once
-        at DEBUG level.
-        """
-        alarm = self._alarm
-        return alarm if alarm is not None and alarm.fileno() >= 0 and self.running else None
 
     def start(self) -> None:
         """Take the floor now and start the trimmer thread.
@@ -848,15 +895,6 @@ class BackgroundTrimmer(_Runner):
                 raise
             self._alarm = alarm
             self._thread = thread
-
-    def _open_alarm(self) -> UsageAlarm | None:
-        mark = self._policy.limit_mark
-        if mark is None:
-            return None
-        alarm, why = usage_alarm(mark)
-        if alarm is None:
-            logger.debug("BackgroundTrimmer %s: no usage alarm: %s", self._name, why)
-        return alarm
 
     def stop(self, timeout: float | None = 5.0) -> bool:
         """Stop the thread and wait up to ``timeout`` seconds for it (a trim in flight finishes).
@@ -954,9 +992,6 @@ class BackgroundTrimmer(_Runner):
         super()._forget_after_fork()
         self._thread = None
         self._stop_event = threading.Event()
-        if self._alarm is not None:
-            self._alarm._forget_after_fork()
-            self._alarm = None
         self._control = threading.Lock()
         self._tick_lock = threading.Lock()
         self._pid = os.getpid()
