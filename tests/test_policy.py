@@ -317,11 +317,17 @@ def test_at_the_mark_freed_memory_is_trimmed_at_once_whatever_the_level() -> Non
     assert policy.decide(1.0, proc.rss) == "trim"  # at the mark the rising check is skipped
     policy.record_trim(1.0, growth=420 * MiB, released=0, rss_after=proc.rss, free=proc.free)
     assert policy.level is not None and policy.level > 460 * MiB
+    # Live memory flat at the mark is not "near": readings keep their normal pace.
+    assert policy.tick_interval(1.0) == 1.0
+    assert policy.wants_free(1.2) is False
+    proc.allocate(30 * MiB)  # the burst goes on after that trim: RSS 510 MiB
+    assert policy.decide(1.05, proc.rss) != "trim"
+    assert policy.tick_interval(1.0) == NEAR_LIMIT_TICK
     assert policy.wants_free(1.05) is False
     assert policy.wants_free(1.1 + 1e-9) is True  # near the limit: every 100 ms
-    proc.release(330 * MiB)  # the burst is over and freed: RSS stays at 480 MiB
+    proc.release(360 * MiB)  # the burst is over and freed: RSS stays at 510 MiB
     assert policy.decide(1.2, proc.rss, free=proc.free) == "trim"
-    assert "freed 330.0 MiB" in policy.reason
+    assert "freed 360.0 MiB" in policy.reason
     # Without the free bytes nothing shows the free: no trim inside the minimum interval.
     blind = PacingPolicy(min_interval=1.0, limit="512 MiB")
     blind.reset(0.0, 60 * MiB)

@@ -416,9 +416,13 @@ class PacingPolicy:
         return "trim"
 
     def _near_limit(self, rss: int, level: int) -> bool:
-        """RSS at the limit's mark, or approaching it."""
+        """RSS approaching the limit's mark, or over it and risen since the last trim (a burst
+        that a trim at the mark learned in its middle). A process whose live memory sits at
+        the mark, RSS flat at its level, is not near: its readings stay at the normal pace."""
         mark = self.limit_mark
-        return mark is not None and (rss >= mark or self._approaching(rss, level))
+        if mark is None:
+            return False
+        return self._approaching(rss, level) or (rss >= mark and rss - level > self.settle)
 
     def _approaching(self, rss: int, level: int) -> bool:
         """RSS is nearer the limit's mark than the learned level (and the level below it)."""
@@ -430,13 +434,13 @@ class PacingPolicy:
     def tick_interval(self, interval: float) -> float:
         """Seconds a runner should wait before its next reading, given its ``interval``.
 
-        ``interval`` itself, except while RSS (the last reading) is approaching the limit: then
+        ``interval`` itself, except while RSS (the last reading) is near the limit: then
         :data:`NEAR_LIMIT_TICK`, so that the trim at the mark comes within a few MiB of
         allocation, not a second of it. A reading costs about a microsecond.
         """
         if self._previous is None or self._level is None:
             return interval
-        if self._approaching(self._previous, self._level):
+        if self._near_limit(self._previous, self._level):
             return min(interval, NEAR_LIMIT_TICK)
         return interval
 
