@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from memreclaim.policy import AUTO_SLACK_MIN, NEAR_LIMIT_TICK, PacingPolicy
+from memreclaim.policy import AUTO_SLACK_MIN, NEAR_LIMIT_HOLD, NEAR_LIMIT_TICK, PacingPolicy
 
 MiB = 2**20
 DATA = Path(__file__).parent / "data"
@@ -317,9 +317,10 @@ def test_at_the_mark_freed_memory_is_trimmed_at_once_whatever_the_level() -> Non
     assert policy.decide(1.0, proc.rss) == "trim"  # at the mark the rising check is skipped
     policy.record_trim(1.0, growth=420 * MiB, released=0, rss_after=proc.rss, free=proc.free)
     assert policy.level is not None and policy.level > 460 * MiB
-    # Live memory flat at the mark is not "near": readings keep their normal pace.
-    assert policy.tick_interval(1.0) == 1.0
-    assert policy.wants_free(1.2) is False
+    # Readings stay fast for a while after a trim at the mark; then live memory flat at the
+    # mark is not "near": readings go back to their normal pace.
+    assert policy.tick_interval(1.0, now=1.5) == NEAR_LIMIT_TICK
+    assert policy.tick_interval(1.0, now=1.0 + NEAR_LIMIT_HOLD + 0.1) == 1.0
     proc.allocate(30 * MiB)  # the burst goes on after that trim: RSS 510 MiB
     assert policy.decide(1.05, proc.rss) != "trim"
     assert policy.tick_interval(1.0) == NEAR_LIMIT_TICK

@@ -64,6 +64,7 @@ __all__ = [
     "AUTO_SLACK_FRACTION",
     "AUTO_SLACK_MIN",
     "NEAR_LIMIT_FREE_READ",
+    "NEAR_LIMIT_HOLD",
     "NEAR_LIMIT_TICK",
     "Decision",
     "PacingPolicy",
@@ -81,6 +82,9 @@ AUTO_SLACK_FRACTION = 0.125
 NEAR_LIMIT_TICK = 0.02
 """Seconds between a runner's readings while RSS approaches the limit (see
 :meth:`PacingPolicy.tick_interval`)."""
+NEAR_LIMIT_HOLD = 2.0
+"""Seconds after a trim made at or approaching the limit during which readings stay fast: a
+burst that crossed the mark may be freed, or grow on, right after that trim."""
 NEAR_LIMIT_FREE_READ = 0.1
 """Seconds between two reads of the allocator's free bytes near the limit (see
 :meth:`PacingPolicy.wants_free`; a read walks glibc's free lists: about 3 ms on a fragmented
@@ -185,6 +189,7 @@ class PacingPolicy:
         self._reason = ""
         self._warned_limit = False
         self._urgent = False
+        self._hold_until = float("-inf")
 
     # ---- configuration (read-only) ----------------------------------------------------------
 
@@ -323,7 +328,8 @@ class PacingPolicy:
             return False
         last = self._last_free_read
         every = min(self._min_interval, 1.0)
-        if self._previous is not None and self._near_limit(self._previous, level):
+        held = now < self._hold_until
+        if held or (self._previous is not None and self._near_limit(self._previous, level)):
             every = min(every, NEAR_LIMIT_FREE_READ)
         return last is None or now - last >= every
 
@@ -431,16 +437,19 @@ class PacingPolicy:
         mark = int(self._limit * self._limit_fraction)
         return level < mark and rss - level > mark - rss
 
-    def tick_interval(self, interval: float) -> float:
+    def tick_interval(self, interval: float, now: float | None = None) -> float:
         """Seconds a runner should wait before its next reading, given its ``interval``.
 
         ``interval`` itself, except while RSS (the last reading) is near the limit: then
         :data:`NEAR_LIMIT_TICK`, so that the trim at the mark comes within a few MiB of
-        allocation, not a second of it. A reading costs about a microsecond.
+        allocation, not a second of it; also for :data:`NEAR_LIMIT_HOLD` seconds after a trim
+        made at or approaching the limit, when ``now`` is given. A reading costs about a
+        microsecond.
         """
         if self._previous is None or self._level is None:
             return interval
-        if self._near_limit(self._previous, self._level):
+        held = now is not None and now < self._hold_until
+        if held or self._near_limit(self._previous, self._level):
             return min(interval, NEAR_LIMIT_TICK)
         return interval
 
@@ -493,6 +502,9 @@ class PacingPolicy:
         self._require_reset()
         seconds = _validate.seconds("seconds", seconds, allow_zero=True)
         productive = released >= max(self._min_release, int(self._release_fraction * growth))
+        if self._urgent:  # made at or approaching the limit: keep watching closely a while
+            self._hold_until = now + NEAR_LIMIT_HOLD
+        self._urgent = False
         self._unproductive_run = 0 if productive else self._unproductive_run + 1
         self._credit = self.credit(now) - seconds
         self._credit_at = now

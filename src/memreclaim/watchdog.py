@@ -681,7 +681,7 @@ class Watchdog(_Runner):
         alarm = self._alarm = self._open_alarm()
         try:
             while True:
-                wait = self._policy.tick_interval(self._interval)
+                wait = self._policy.tick_interval(self._interval, time.monotonic())
                 scheduled = loop.time() + wait
                 if alarm is None:
                     await asyncio.sleep(wait)
@@ -968,7 +968,7 @@ class BackgroundTrimmer(_Runner):
     def _run(self, stop_event: threading.Event, alarm: UsageAlarm | None) -> None:
         try:
             while True:
-                wait = self._policy.tick_interval(self._interval)
+                wait = self._policy.tick_interval(self._interval, time.monotonic())
                 scheduled = time.monotonic() + wait
                 if alarm is None:
                     if stop_event.wait(wait):
