@@ -124,8 +124,9 @@ def test_demo_buffers_runs_and_peaks_above_baseline() -> None:
     assert p["after trim"]["rss"] <= p["after free"]["rss"] + MiB
     assert result["traced"] is True
     assert p["after free"]["traced"] - p["baseline"]["traced"] < 2 * MiB  # a few survivors
-    assert result["verdict"] in {"retained", "returned"}
-    assert result["diagnosis"]["kind"] in {"allocator_retention", "one_time"}
+    # glibc returns most of it when freed (mmapped buffers): what stays is small, none a leak
+    assert result["verdict"] in {"retained", "returned", "clean"}
+    assert result["diagnosis"]["kind"] in {"allocator_retention", "one_time", "clean"}
 
 
 def test_demo_plot_writes_a_real_png(tmp_path: Path) -> None:
@@ -205,7 +206,7 @@ class FakeReport:
         ("pymalloc_retention", {}, "pinned", "held, not leaked"),
         ("unreclaimed_retention", {}, "pinned", "held, not leaked"),
         ("one_time", {}, "returned", "not leaked, and mostly returned"),
-        ("clean", {}, "clean", "nothing grew"),
+        ("clean", {}, "clean", "returned to the OS when freed: nothing above"),
     ],
 )
 def test_demo_verdict_comes_from_the_report(
