@@ -10,6 +10,8 @@
 #include "memreclaim.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -643,7 +645,7 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
         parse_flag(heap_arg, "heap", &with_heap) < 0) {
         return NULL;
     }
-    err = mr_status_read(&status);
+    err = mr_status_read(0, &status);
     if (err != 0) {
         return raise_proc_error(err, "/proc/self/status");
     }
@@ -689,6 +691,160 @@ error:
     Py_XDECREF(reason);
     Py_XDECREF(libraries);
     return NULL;
+}
+
+/* ---- another process's /proc ---------------------------------------------------------------- */
+
+/* The pid argument of the process_* functions: a positive int. */
+static int parse_pid(PyObject *arg, int *pid)
+{
+    long value;
+    if (!PyLong_Check(arg) || PyBool_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "pid must be an int, not %.100s", Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    value = PyLong_AsLong(arg);
+    if (value == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        value = -1;
+    }
+    if (value < 1 || value > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "pid must be a positive process ID, got %R", arg);
+        return -1;
+    }
+    *pid = (int)value;
+    return 0;
+}
+
+/* OSError (its errno subclass: ProcessLookupError, PermissionError ...) naming /proc/PID/name. */
+static PyObject *raise_pid_error(int err, int pid, const char *name)
+{
+    char path[64];
+    (void)snprintf(path, sizeof(path), "/proc/%d/%s", pid, name);
+    errno = err;
+    return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+}
+
+/* Add key: int_or_none(value) to dict; -1 with an exception set. */
+static int set_item_int(PyObject *dict, const char *key, int64_t value)
+{
+    PyObject *item = int_or_none(value);
+    int rc;
+    if (item == NULL) {
+        return -1;
+    }
+    rc = PyDict_SetItemString(dict, key, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+PyDoc_STRVAR(process_status_doc,
+             "process_status(pid, /) -> dict\n\n"
+             "Process pid's figures from /proc/PID/status: 'name', 'threads', and in bytes 'rss',\n"
+             "'rss_anon', 'rss_file', 'rss_shmem', 'swap', 'peak_rss' (VmHWM), 'virtual'\n"
+             "(VmSize); None where the kernel does not report one. The file is readable by\n"
+             "anyone. Raises ProcessLookupError (ESRCH) when there is no such process,\n"
+             "PermissionError when the file is not readable, other OSErrors with their errno;\n"
+             "TypeError/ValueError for a pid that is not a positive int.");
+
+static PyObject *core_process_status(PyObject *module, PyObject *arg)
+{
+    mr_status status;
+    PyObject *result, *name;
+    int pid, err;
+    (void)module;
+
+    if (parse_pid(arg, &pid) < 0) {
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    err = mr_status_read(pid, &status);
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        return raise_pid_error(err, pid, "status");
+    }
+    result = PyDict_New();
+    if (result == NULL) {
+        return NULL;
+    }
+    name = PyUnicode_DecodeUTF8(status.name, (Py_ssize_t)strlen(status.name), "replace");
+    if (name == NULL || PyDict_SetItemString(result, "name", name) < 0 ||
+        set_item_int(result, "threads", status.threads) < 0 ||
+        set_item_int(result, "rss", status.rss) < 0 ||
+        set_item_int(result, "rss_anon", status.rss_anon) < 0 ||
+        set_item_int(result, "rss_file", status.rss_file) < 0 ||
+        set_item_int(result, "rss_shmem", status.rss_shmem) < 0 ||
+        set_item_int(result, "swap", status.swap) < 0 ||
+        set_item_int(result, "peak_rss", status.peak_rss) < 0 ||
+        set_item_int(result, "virtual", status.virtual_size) < 0) {
+        Py_XDECREF(name);
+        Py_DECREF(result);
+        return NULL;
+    }
+    Py_DECREF(name);
+    return result;
+}
+
+PyDoc_STRVAR(process_rollup_doc,
+             "process_rollup(pid, /) -> dict\n\n"
+             "Process pid's /proc/PID/smaps_rollup, in bytes: 'pss', 'private_dirty',\n"
+             "'shared_clean', 'anonymous', 'anon_huge_pages' (None where absent). Needs ptrace\n"
+             "access to the process (its user, or CAP_SYS_PTRACE): PermissionError otherwise;\n"
+             "ProcessLookupError when there is no such process; FileNotFoundError on kernels\n"
+             "before 4.14 (no smaps_rollup).");
+
+static PyObject *core_process_rollup(PyObject *module, PyObject *arg)
+{
+    mr_rollup rollup;
+    PyObject *result;
+    int pid, err;
+    (void)module;
+
+    if (parse_pid(arg, &pid) < 0) {
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    err = mr_rollup_read(pid, &rollup);
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        return raise_pid_error(err, pid, "smaps_rollup");
+    }
+    result = PyDict_New();
+    if (result == NULL) {
+        return NULL;
+    }
+    if (set_item_int(result, "pss", rollup.pss) < 0 ||
+        set_item_int(result, "private_dirty", rollup.private_dirty) < 0 ||
+        set_item_int(result, "shared_clean", rollup.shared_clean) < 0 ||
+        set_item_int(result, "anonymous", rollup.anonymous) < 0 ||
+        set_item_int(result, "anon_huge_pages", rollup.anon_huge_pages) < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+PyDoc_STRVAR(process_heap_mapping_doc,
+             "process_heap_mapping(pid, /) -> int | None\n\n"
+             "Size in bytes of process pid's [heap] mapping (the brk heap of glibc's main\n"
+             "arena) from /proc/PID/maps, or None when it has none. Errors as process_rollup().");
+
+static PyObject *core_process_heap_mapping(PyObject *module, PyObject *arg)
+{
+    int64_t size;
+    int pid, err;
+    (void)module;
+
+    if (parse_pid(arg, &pid) < 0) {
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    err = mr_heap_mapping_read(pid, &size);
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        return raise_pid_error(err, pid, "maps");
+    }
+    return int_or_none(size);
 }
 
 /* ---- allocator ------------------------------------------------------------------------------ */
@@ -826,6 +982,9 @@ static PyMethodDef core_methods[] = {
     {"set_trim_threshold", core_set_trim_threshold, METH_O, set_trim_threshold_doc},
     {"set_arena_max", core_set_arena_max, METH_O, set_arena_max_doc},
     {"malloc_info", core_malloc_info, METH_NOARGS, malloc_info_doc},
+    {"process_status", core_process_status, METH_O, process_status_doc},
+    {"process_rollup", core_process_rollup, METH_O, process_rollup_doc},
+    {"process_heap_mapping", core_process_heap_mapping, METH_O, process_heap_mapping_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2,9 +2,10 @@
  *
  * Layers (see docs/architecture.md):
  *   _core.c   module glue: method table, module state, result types, argument checks
- *   procfs.c  RSS readers (/proc/self/statm through a kept descriptor, /proc/self/status),
- * fork-aware alloc.c   allocator detection and one backend per allocator behind a table of function
- * pointers
+ *   procfs.c  RSS readers: /proc/self/statm through a kept descriptor (fork-aware), and
+ *             /proc/PID/status, smaps_rollup and the [heap] line of maps (pid 0: self)
+ *   alloc.c   allocator detection and one backend per allocator behind a table of function
+ *             pointers
  *
  * procfs.c and alloc.c never touch Python objects: they return raw numbers (bytes) and errno
  * values, so they may run with the GIL released. Only _core.c speaks Python.
@@ -52,15 +53,28 @@ typedef struct {
     int64_t anon;     /* bytes: resident - shared (file-backed and shmem) */
 } mr_rss_sample;
 
-/* Fields of /proc/self/status, in bytes; -1 where the kernel does not report one. */
+/* Fields of /proc/PID/status, in bytes (threads: a count); -1 where the kernel does not report
+ * one. */
 typedef struct {
-    int64_t rss;       /* VmRSS */
-    int64_t rss_anon;  /* RssAnon */
-    int64_t rss_file;  /* RssFile */
-    int64_t rss_shmem; /* RssShmem */
-    int64_t peak_rss;  /* VmHWM */
-    int64_t swap;      /* VmSwap */
+    int64_t rss;          /* VmRSS */
+    int64_t rss_anon;     /* RssAnon */
+    int64_t rss_file;     /* RssFile */
+    int64_t rss_shmem;    /* RssShmem */
+    int64_t peak_rss;     /* VmHWM */
+    int64_t swap;         /* VmSwap */
+    int64_t virtual_size; /* VmSize */
+    int64_t threads;      /* Threads */
+    char name[64];        /* Name (the command, as the kernel escapes it); "" if absent */
 } mr_status;
+
+/* Fields of /proc/PID/smaps_rollup, in bytes; -1 where absent. */
+typedef struct {
+    int64_t pss;             /* Pss */
+    int64_t private_dirty;   /* Private_Dirty */
+    int64_t shared_clean;    /* Shared_Clean */
+    int64_t anonymous;       /* Anonymous */
+    int64_t anon_huge_pages; /* AnonHugePages */
+} mr_rollup;
 
 void mr_procfs_global_init(void);
 unsigned long mr_fork_generation(void);
@@ -71,8 +85,13 @@ void mr_statm_close(mr_statm *statm);
  * fork handlers take and release so a child never inherits it held. Call with the GIL held or
  * not: the lock is held only around a pread (or an open/close). */
 int mr_statm_read(mr_statm *statm, mr_rss_sample *out);
-/* Returns 0, or an errno value. */
-int mr_status_read(mr_status *out);
+/* Readers of /proc/PID/...: pid 0 reads /proc/self. Each returns 0, or an errno value: ESRCH when
+ * process pid does not exist (or exits while read), EACCES/EPERM when its files are not readable
+ * (smaps_rollup and maps need ptrace access), EIO when the file is not what we understand. */
+int mr_status_read(int pid, mr_status *out);
+int mr_rollup_read(int pid, mr_rollup *out);
+/* *out: the size of the [heap] (brk) mapping in bytes, -1 when the process has none. */
+int mr_heap_mapping_read(int pid, int64_t *out);
 
 /* ---- alloc.c -------------------------------------------------------------------------------- */
 

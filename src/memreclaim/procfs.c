@@ -1,4 +1,6 @@
-/* RSS readers: /proc/self/statm through a kept descriptor, and /proc/self/status.
+/* RSS readers: /proc/self/statm through a kept descriptor, /proc/PID/status, and for another
+ * process (or this one) /proc/PID/smaps_rollup and the [heap] line of /proc/PID/maps: the one
+ * place memreclaim parses /proc memory figures.
  *
  * Pure C, no Python objects: these functions return raw numbers in bytes and errno values.
  */
@@ -6,6 +8,7 @@
 #include "memreclaim.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -224,71 +227,233 @@ void mr_statm_close(mr_statm *statm)
     (void)pthread_mutex_unlock(&statm_lock);
 }
 
-/* The fields we take from /proc/self/status, in the order of mr_status. */
-static const struct {
-    const char *key;
-    size_t len;
-    size_t offset;
-} status_keys[] = {
-    {"VmRSS:", 6, offsetof(mr_status, rss)},
-    {"RssAnon:", 8, offsetof(mr_status, rss_anon)},
-    {"RssFile:", 8, offsetof(mr_status, rss_file)},
-    {"RssShmem:", 9, offsetof(mr_status, rss_shmem)},
-    {"VmHWM:", 6, offsetof(mr_status, peak_rss)},
-    {"VmSwap:", 7, offsetof(mr_status, swap)},
-};
-
-int mr_status_read(mr_status *out)
+/* Where one of our /proc files is: /proc/self/NAME for pid 0, else /proc/PID/NAME. */
+static void proc_path(char *out, size_t size, int pid, const char *name)
 {
-    char buf[4096];
-    size_t used = 0;
-    int fd;
-
-    out->rss = out->rss_anon = out->rss_file = out->rss_shmem = out->peak_rss = out->swap = -1;
-    fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return errno;
+    if (pid == 0) {
+        (void)snprintf(out, size, "/proc/self/%s", name);
+    } else {
+        (void)snprintf(out, size, "/proc/%d/%s", pid, name);
     }
-    while (used < sizeof(buf) - 1) {
-        ssize_t n = read(fd, buf + used, sizeof(buf) - 1 - used);
+}
+
+/* Open a /proc file; 0 or an errno. A missing file of a missing process is ESRCH, not ENOENT, so
+ * callers can tell "no such process" from "this kernel has no such file". */
+static int proc_open(int pid, const char *name, int *fd)
+{
+    char path[64];
+    proc_path(path, sizeof(path), pid, name);
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd >= 0) {
+        return 0;
+    }
+    int err = errno;
+    if (err == ENOENT && pid != 0) {
+        struct stat st;
+        (void)snprintf(path, sizeof(path), "/proc/%d", pid);
+        if (stat(path, &st) != 0 && errno == ENOENT) {
+            err = ESRCH;
+        }
+    }
+    return err;
+}
+
+/* Read up to size - 1 bytes of a /proc file into buf, NUL-terminated; 0 or an errno. */
+static int proc_read_small(int pid, const char *name, char *buf, size_t size, size_t *used)
+{
+    int fd, err = proc_open(pid, name, &fd);
+    *used = 0;
+    if (err != 0) {
+        return err;
+    }
+    while (*used < size - 1) {
+        ssize_t n = read(fd, buf + *used, size - 1 - *used);
         if (n < 0 && errno == EINTR) {
             continue;
         }
         if (n < 0) {
-            int saved = errno;
-            (void)close(fd);
-            return saved;
+            err = errno;
+            break;
         }
         if (n == 0) {
             break;
         }
-        used += (size_t)n;
+        *used += (size_t)n;
     }
     (void)close(fd);
-    buf[used] = '\0';
+    buf[*used] = '\0';
+    return err;
+}
 
+typedef struct {
+    const char *key; /* with its colon */
+    size_t len;
+    size_t offset;    /* of an int64_t in the output struct */
+    int64_t multiply; /* 1024 for "kB" figures (the kernel's kB are KiB), 1 for counts */
+} field_key;
+
+/* "Key:   123 kB" lines: set each field of `keys` found in buf[0:used] (others stay as they
+ * were). The whole line is looked at, so "Pss:" does not match "Pss_Anon:". */
+static void parse_fields(const char *buf, size_t used, const field_key *keys, size_t nkeys,
+                         void *out)
+{
     const char *end = buf + used;
     for (const char *line = buf; line < end;) {
         const char *eol = memchr(line, '\n', (size_t)(end - line));
         if (eol == NULL) {
             eol = end;
         }
-        for (size_t i = 0; i < sizeof(status_keys) / sizeof(status_keys[0]); i++) {
-            if ((size_t)(eol - line) > status_keys[i].len &&
-                memcmp(line, status_keys[i].key, status_keys[i].len) == 0) {
-                const char *p = line + status_keys[i].len;
-                uint64_t kib;
-                if (parse_u64(&p, eol, &kib) == 0) {
-                    int64_t *field = (int64_t *)(void *)((char *)out + status_keys[i].offset);
-                    *field = (int64_t)kib * 1024; /* the kernel reports kB = KiB */
+        for (size_t i = 0; i < nkeys; i++) {
+            if ((size_t)(eol - line) > keys[i].len && memcmp(line, keys[i].key, keys[i].len) == 0) {
+                const char *p = line + keys[i].len;
+                uint64_t value;
+                if (parse_u64(&p, eol, &value) == 0) {
+                    *(int64_t *)(void *)((char *)out + keys[i].offset) =
+                        (int64_t)value * keys[i].multiply;
                 }
                 break;
             }
         }
         line = eol + 1;
     }
-    if (out->rss < 0) {
-        return EIO; /* not a status file we understand */
+}
+
+/* The fields we take from /proc/PID/status, in the order of mr_status. */
+static const field_key status_keys[] = {
+    {"VmRSS:", 6, offsetof(mr_status, rss), 1024},
+    {"RssAnon:", 8, offsetof(mr_status, rss_anon), 1024},
+    {"RssFile:", 8, offsetof(mr_status, rss_file), 1024},
+    {"RssShmem:", 9, offsetof(mr_status, rss_shmem), 1024},
+    {"VmHWM:", 6, offsetof(mr_status, peak_rss), 1024},
+    {"VmSwap:", 7, offsetof(mr_status, swap), 1024},
+    {"VmSize:", 7, offsetof(mr_status, virtual_size), 1024},
+    {"Threads:", 8, offsetof(mr_status, threads), 1},
+};
+
+int mr_status_read(int pid, mr_status *out)
+{
+    char buf[8192]; /* the fields come first; a long Groups: line must not push Threads: out */
+    size_t used;
+
+    out->rss = out->rss_anon = out->rss_file = out->rss_shmem = out->peak_rss = out->swap = -1;
+    out->virtual_size = out->threads = -1;
+    out->name[0] = '\0';
+    int err = proc_read_small(pid, "status", buf, sizeof(buf), &used);
+    if (err != 0) {
+        return err;
+    }
+    parse_fields(buf, used, status_keys, sizeof(status_keys) / sizeof(status_keys[0]), out);
+    if (used > 5 && memcmp(buf, "Name:", 5) == 0) { /* always the first line */
+        const char *p = buf + 5;
+        const char *eol = memchr(p, '\n', used - 5);
+        size_t len;
+        while (*p == ' ' || *p == '\t') {
+            p++;
+        }
+        len = eol == NULL || eol < p ? 0 : (size_t)(eol - p);
+        if (len >= sizeof(out->name)) {
+            len = sizeof(out->name) - 1;
+        }
+        memcpy(out->name, p, len);
+        out->name[len] = '\0';
+    }
+    if (pid == 0 && out->rss < 0) {
+        return EIO; /* not a status file we understand (another pid may be a kernel thread) */
     }
     return 0;
+}
+
+static const field_key rollup_keys[] = {
+    {"Pss:", 4, offsetof(mr_rollup, pss), 1024},
+    {"Private_Dirty:", 14, offsetof(mr_rollup, private_dirty), 1024},
+    {"Shared_Clean:", 13, offsetof(mr_rollup, shared_clean), 1024},
+    {"Anonymous:", 10, offsetof(mr_rollup, anonymous), 1024},
+    {"AnonHugePages:", 14, offsetof(mr_rollup, anon_huge_pages), 1024},
+};
+
+int mr_rollup_read(int pid, mr_rollup *out)
+{
+    char buf[4096]; /* about 1 KiB: a header line and some 20 fields */
+    size_t used;
+
+    out->pss = out->private_dirty = out->shared_clean = out->anonymous = out->anon_huge_pages = -1;
+    int err = proc_read_small(pid, "smaps_rollup", buf, sizeof(buf), &used);
+    if (err != 0) {
+        return err;
+    }
+    parse_fields(buf, used, rollup_keys, sizeof(rollup_keys) / sizeof(rollup_keys[0]), out);
+    return out->pss < 0 ? EIO : 0;
+}
+
+/* One line of /proc/PID/maps: add its size to *total if it is the [heap] mapping. */
+static void maps_line(const char *line, size_t len, int64_t *total)
+{
+    static const char heap[] = "[heap]";
+    const size_t heap_len = sizeof(heap) - 1;
+    uint64_t start = 0, end = 0;
+    size_t i = 0;
+
+    if (len < heap_len || memcmp(line + len - heap_len, heap, heap_len) != 0) {
+        return;
+    }
+    for (; i < len && line[i] != '-'; i++) {
+        int digit = line[i] >= 'a' ? line[i] - 'a' + 10 : line[i] - '0';
+        start = start * 16 + (uint64_t)digit;
+    }
+    for (i++; i < len && line[i] != ' '; i++) {
+        int digit = line[i] >= 'a' ? line[i] - 'a' + 10 : line[i] - '0';
+        end = end * 16 + (uint64_t)digit;
+    }
+    if (end > start) {
+        *total = (*total < 0 ? 0 : *total) + (int64_t)(end - start);
+    }
+}
+
+int mr_heap_mapping_read(int pid, int64_t *out)
+{
+    char buf[8192];
+    size_t used = 0;
+    int skipping = 0; /* inside a line longer than buf (a long path): not [heap], drop it */
+    int fd, err = proc_open(pid, "maps", &fd);
+
+    *out = -1;
+    if (err != 0) {
+        return err;
+    }
+    for (;;) {
+        ssize_t n = read(fd, buf + used, sizeof(buf) - used);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            err = errno;
+            break;
+        }
+        if (n == 0) {
+            if (used > 0 && !skipping) {
+                maps_line(buf, used, out);
+            }
+            break;
+        }
+        used += (size_t)n;
+        const char *line = buf;
+        const char *end = buf + used;
+        const char *eol;
+        while ((eol = memchr(line, '\n', (size_t)(end - line))) != NULL) {
+            if (!skipping) {
+                maps_line(line, (size_t)(eol - line), out);
+            }
+            skipping = 0;
+            line = eol + 1;
+        }
+        used = (size_t)(end - line);
+        if (used == sizeof(buf)) { /* no newline in a whole buffer */
+            skipping = 1;
+            used = 0;
+        } else {
+            memmove(buf, line, used);
+        }
+    }
+    (void)close(fd);
+    return err;
 }

@@ -22,6 +22,7 @@ import discipline
 import probe
 
 import memreclaim
+from memreclaim import _core
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +39,15 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(Exception):
                 call()
         calls += args.calls
+
+    with open("/proc/sys/kernel/pid_max") as f:
+        missing = int(f.read())  # never a process
+    for reader in (_core.process_status, _core.process_rollup, _core.process_heap_mapping):
+        for _ in range(args.calls):
+            for pid in (os.getpid(), missing, 0, "1"):
+                with contextlib.suppress(Exception):
+                    reader(pid)
+        calls += 4 * args.calls
 
     tracemalloc.start()  # stats() then reads tracemalloc's totals (a tuple it must not leak)
     for _ in range(args.calls):

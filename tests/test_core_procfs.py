@@ -1,0 +1,181 @@
+"""The core's readers of a process's /proc files (``_core.process_status``, ``process_rollup``,
+``process_heap_mapping``): the one place /proc memory figures are parsed (``inspect PID`` uses
+them). Figures are checked against the kernel's own files read here, and every failure mode."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import run_child
+
+import memreclaim
+from memreclaim import _core
+
+MiB = 1 << 20
+READERS = (_core.process_status, _core.process_rollup, _core.process_heap_mapping)
+
+
+def oracle_heap(pid: int) -> int | None:
+    """The [heap] mapping's size, from the test's own reading of /proc/PID/maps."""
+    total = None
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        if line.endswith("[heap]"):
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            total = (total or 0) + end - start
+    return total
+
+
+@pytest.fixture
+def holder() -> Iterator[subprocess.Popen[str]]:
+    """A child holding ~64 MiB of anonymous and ~16 MiB of shared memory, until the test ends."""
+    code = textwrap.dedent(
+        """
+        import mmap, time
+        b = b'x' * (64 << 20)
+        shm = mmap.mmap(-1, 16 << 20)
+        shm.write(b'y' * (16 << 20))
+        print('ready', flush=True)
+        time.sleep(120)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_status_of_another_process(holder: subprocess.Popen[str]) -> None:
+    st = _core.process_status(holder.pid)
+    assert st["name"] == Path(f"/proc/{holder.pid}/comm").read_text().strip()
+    assert st["threads"] == len(os.listdir(f"/proc/{holder.pid}/task"))
+    assert st["rss_anon"] > 60 * MiB
+    assert st["rss_shmem"] > 15 * MiB
+    assert st["rss"] == st["rss_anon"] + st["rss_file"] + st["rss_shmem"]
+    assert st["peak_rss"] >= st["rss"]
+    assert st["virtual"] > st["rss"]
+    assert st["swap"] is not None and st["swap"] >= 0
+
+
+def test_status_of_self_agrees_with_stats() -> None:
+    st = _core.process_status(os.getpid())
+    own = memreclaim.stats()
+    assert st["name"] == Path("/proc/self/comm").read_text().strip()
+    # the same parser reads /proc/self/status for stats(): the slow-moving fields agree
+    assert st["rss_shmem"] == own.rss_shmem
+    assert st["swap"] == own.swap
+    assert st["peak_rss"] <= own.peak_rss
+
+
+def test_rollup_of_another_process(holder: subprocess.Popen[str]) -> None:
+    rollup = _core.process_rollup(holder.pid)
+    assert set(rollup) == {"pss", "private_dirty", "shared_clean", "anonymous", "anon_huge_pages"}
+    assert rollup["anonymous"] > 60 * MiB
+    assert rollup["private_dirty"] > 60 * MiB
+    assert rollup["pss"] > 60 * MiB
+    assert all(v is not None and v >= 0 for v in rollup.values())
+
+
+def test_heap_mapping_matches_maps_with_many_long_lines(tmp_path: Path) -> None:
+    # Hundreds of mappings of files with long names: /proc/self/maps is read in several chunks,
+    # with lines cut at chunk boundaries.
+    maps = []
+    for i in range(300):
+        path = tmp_path / (f"{i:04d}" + "n" * 200)
+        path.write_bytes(b"\0" * mmap.PAGESIZE)
+        with path.open("rb") as f:
+            maps.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+    try:
+        assert len(Path("/proc/self/maps").read_bytes()) > 4 * 8192
+        assert _core.process_heap_mapping(os.getpid()) == oracle_heap(os.getpid())
+    finally:
+        for m in maps:
+            m.close()
+
+
+def test_heap_mapping_of_another_process(holder: subprocess.Popen[str]) -> None:
+    size = _core.process_heap_mapping(holder.pid)
+    assert size == oracle_heap(holder.pid)
+    assert size is None or size > 0
+
+
+def test_a_process_without_memory_has_none_figures() -> None:
+    kthreadd = Path("/proc/2/status")
+    if not kthreadd.exists() or "kthreadd" not in kthreadd.read_text():
+        pytest.skip("no kernel thread visible in this PID namespace")
+    st = _core.process_status(2)
+    assert st["name"] == "kthreadd"
+    assert st["rss"] is None and st["rss_anon"] is None
+
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda r: r.__name__)
+def test_missing_process_is_process_lookup_error(reader: object) -> None:
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())  # never handed out
+    with pytest.raises(ProcessLookupError) as info:
+        reader(pid_max)  # type: ignore[operator]
+    assert info.value.errno == errno.ESRCH
+    assert info.value.filename.startswith(f"/proc/{pid_max}/")
+
+
+def test_exited_process_is_process_lookup_error() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # reaped: its pid names no process (until reused, which takes pid_max forks)
+    with pytest.raises(ProcessLookupError):
+        _core.process_status(proc.pid)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to read a process's files as another user",
+)
+def test_unreadable_files_are_permission_errors() -> None:
+    code = textwrap.dedent(
+        f"""
+        from memreclaim import _core
+        print(_core.process_status({os.getpid()})["rss"] > 0)
+        for reader in (_core.process_rollup, _core.process_heap_mapping):
+            try:
+                reader({os.getpid()})
+            except PermissionError as exc:
+                print(type(exc).__name__, exc.filename)
+        """
+    )
+    # keep_preload: under the sanitizers the child needs the ASan runtime preloaded too
+    proc = run_child(code=code, user="65534", cwd=Path("/"), keep_preload=True)
+    if "Permission denied" in proc.stderr and "python" in proc.stderr:
+        pytest.skip("the unprivileged user cannot run this interpreter")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "True"  # status is world-readable
+    assert lines[1:] == [
+        f"PermissionError /proc/{os.getpid()}/smaps_rollup",
+        f"PermissionError /proc/{os.getpid()}/maps",
+    ]
+
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda r: r.__name__)
+@pytest.mark.parametrize(
+    ("pid", "error"),
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (1 << 40, ValueError),
+        (True, TypeError),
+        ("1", TypeError),
+        (1.0, TypeError),
+        (None, TypeError),
+    ],
+)
+def test_bad_pid(reader: object, pid: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="pid"):
+        reader(pid)  # type: ignore[operator]
