@@ -49,6 +49,37 @@ memreclaim.trim()
 """
 
 
+def test_small_objects_are_rebuilt_from_their_keys() -> None:
+    import random
+
+    from memreclaim import workloads
+
+    items = workloads.small_objects(2_000, random.Random(5))
+    assert items == workloads.small_objects(2_000, random.Random(5))
+    assert {key[0] for key, _ in items} == set(range(workloads.SMALL_KINDS))
+    assert workloads.small_objects_intact(items)
+    obj = next(obj for key, obj in items if key[0] == 3)  # a list: mutable
+    obj.append(None)  # type: ignore[attr-defined]
+    assert not workloads.small_objects_intact(items)
+
+
+def test_small_objects_bad_input() -> None:
+    import random
+
+    from memreclaim import workloads
+
+    with pytest.raises(ValueError, match="kind must be between 0 and 6"):
+        workloads.small_object(workloads.SMALL_KINDS, 1, 1)
+    with pytest.raises(TypeError, match="rng must be a Random"):
+        workloads.small_objects(3, 5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="count must be >= 0"):
+        workloads.small_objects(-1, random.Random(0))
+    with pytest.raises(TypeError, match="count must be an int"):
+        workloads.small_objects("3", random.Random(0))  # type: ignore[arg-type]
+    assert workloads.small_objects(0, random.Random(0)) == []
+    assert workloads.small_objects_intact([])
+
+
 def test_status_keys_are_the_typed_dict_keys() -> None:
     assert set(STATUS) == set(pools.PoolReclaimStatus.__annotations__)
     if _pools is not None:
@@ -178,29 +209,11 @@ import random
 rng = random.Random(SEED)
 gc.disable()  # collections happen where this script says, not inside a measurement
 
-def make(kind, i, n):
-    # Deterministic objects of many pymalloc size classes (all <= 512 bytes).
-    if kind == 0:
-        return (i.to_bytes(4, "little") * (n // 4 + 1))[:n]
-    if kind == 1:
-        return tuple(range(i, i + n % 60))
-    if kind == 2:
-        return {j: i for j in range(n % 6)}
-    if kind == 3:
-        return [i] * (n % 50)
-    if kind == 4:
-        return float(i) + n / 7
-    return "s%d-" % i + "x" * (n % 400)
-
 def batch(count):
-    items = []
-    for _ in range(count):
-        key = (rng.randrange(6), rng.randrange(10**6), rng.randrange(1, 470))
-        items.append((key, make(*key)))
-    return items
+    # Objects of many pymalloc size classes, each checkable against its key.
+    return workloads.small_objects(count, rng)
 
-def verify(items):
-    return all(obj == make(*key) for key, obj in items)
+verify = workloads.small_objects_intact
 
 CAPSULE
 def reclaim():
@@ -227,7 +240,8 @@ per_round = []
 for rnd in range(ROUNDS):
     items = batch(60_000)
     # Per kind: none survive (whole pools empty out) or a few (pools pinned).
-    rates = [rng.choice([0.0, 0.0, 0.002, 0.01, 0.05]) for _ in range(6)]
+    rates = [rng.choice([0.0, 0.0, 0.002, 0.01, 0.05])
+             for _ in range(workloads.SMALL_KINDS)]
     survivors.extend(it for it in items if rng.random() < rates[it[0][0]])
     del items
     gc.collect()
