@@ -104,7 +104,9 @@ CHILD = textwrap.dedent(
     print("RESULT " + json.dumps(dict(failures=failures, rounds=rounds, reclaims=reclaims,
                                       pools_released=st["pools_released"],
                                       bytes_released=st["bytes_released"],
-                                      max_hold_ms=st["max_hold_ns"] / 1e6)))
+                                      used_pools_trimmed=st["used_pools_trimmed"],
+                                      max_hold_ms=st["max_hold_ns"] / 1e6,
+                                      max_hold_cpu_ms=st["max_hold_cpu_ns"] / 1e6)))
     """
 )
 
@@ -161,9 +163,11 @@ def main() -> int:
         failed |= bool(result["failures"])
         print(
             f"{mode}: {status} {args.seconds:.0f} s, seed {seed}, {result['rounds']} rounds, "
-            f"{result['reclaims']} reclaims, {result['pools_released']} pools released "
-            f"({result['bytes_released'] / 2**20:.0f} MiB), longest GIL hold "
-            f"{result['max_hold_ms']:.1f} ms, CPython {sys.version.split()[0]} "
+            f"{result['reclaims']} reclaims, {result['pools_released']} empty pools released, "
+            f"{result['used_pools_trimmed']} pools holding live blocks trimmed "
+            f"({result['bytes_released'] / 2**20:.0f} MiB in all), longest GIL hold "
+            f"{result['max_hold_ms']:.1f} ms wall, {result['max_hold_cpu_ms']:.1f} ms CPU, "
+            f"CPython {sys.version.split()[0]} "
             f"{result['failures'][:3]}",
             flush=True,
         )

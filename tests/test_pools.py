@@ -125,7 +125,49 @@ emit(plain_after=plain.rss_after, both_after=both.rss_after, intact=intact,
     assert status["enabled"] is True and status["reason"] is None
     assert status["reclaim_calls"] == 1 and status["arenas_skipped"] == 0
     assert status["pools_released"] == result["released"]
+    assert status["used_pools_trimmed"] > 0 and status["used_bytes_released"] > 0
     assert 0 < status["max_hold_ns"] <= status["last_reclaim_ns"]
+
+
+@needs_pools
+def test_pools_holding_survivors_give_back_their_free_pages(run_python: RunPython) -> None:
+    # One survivor per pool: the pages of those pools that hold no live block go back too, the
+    # blocks on them leave the pool's free list, and allocating into the pools again works.
+    result = run_python(
+        HELPERS
+        + """
+pools.enable_pool_reclaim()
+d = {i: {} for i in range(300_000)}
+keep = [d[i] for i in range(0, 300_000, 1000)]
+for k in keep:
+    k["alive"] = id(k)
+del d
+gc.collect()
+blocks = sys.getallocatedblocks()
+estimate = pools.estimate_pool_reclaim()
+first = memreclaim.trim(pools=True)
+blocks_after = sys.getallocatedblocks()
+st = pools.pool_reclaim_status()
+intact = all(k == {"alive": id(k)} for k in keep)
+again = [{"n": i} for i in range(300_000)]  # into the trimmed pools' remaining free blocks
+del keep[::2]
+second = memreclaim.trim(pools=True)
+st2 = pools.pool_reclaim_status()
+intact = intact and all(k == {"alive": id(k)} for k in keep)
+intact = intact and all(x == {"n": i} for i, x in enumerate(again))
+emit(intact=intact, trimmed=st["used_pools_trimmed"], used_bytes=st["used_bytes_released"],
+     bytes=first.pools_bytes, estimate=estimate, blocks=blocks, blocks_after=blocks_after,
+     skipped=st2["arenas_skipped"], second=second.pools_bytes)
+"""
+    )
+    assert result["intact"], result
+    assert result["trimmed"] >= 200, result  # about one pool per survivor (300)
+    assert result["used_bytes"] >= result["trimmed"] * 4096, result
+    assert result["bytes"] >= result["used_bytes"] + 1000 * 12 * 1024, result
+    assert abs(result["estimate"] - result["bytes"]) <= 4 * 12 * 1024, result
+    # Only the figures of trim()'s result are allocated in between.
+    assert abs(result["blocks_after"] - result["blocks"]) < 50, result
+    assert result["skipped"] == 0, result
 
 
 def test_trim_pools_before_enable_raises() -> None:

@@ -48,7 +48,12 @@ class PoolReclaimStatus(TypedDict):
     reclaim_calls: int
     """Passes run by ``trim(pools=True)``."""
     pools_released: int
+    """Empty pools whose pages after the first were given back."""
     bytes_released: int
+    """All bytes given back: empty pools' and ``used_bytes_released``."""
+    used_pools_trimmed: int
+    """Times a pool holding live blocks gave back pages that hold none of them."""
+    used_bytes_released: int
     arenas_skipped: int
     """Arenas left untouched because validation failed (0 in a healthy process)."""
     last_reclaim_ns: int
