@@ -32,7 +32,7 @@ CHILD = textwrap.dedent(
     """
     import gc, json, random, sys, threading, time
     import memreclaim
-    from memreclaim import pools
+    from memreclaim import pools, workloads
 
     seconds, threads, seed = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     interval = float(sys.argv[4])
@@ -40,30 +40,10 @@ CHILD = textwrap.dedent(
     gc.disable()
     rng = random.Random(seed)
 
-    def make(kind, i, n):
-        if kind == 0:
-            return (i.to_bytes(4, "little") * (n // 4 + 1))[:n]
-        if kind == 1:
-            return tuple(range(i, i + n % 60))
-        if kind == 2:
-            return {j: i for j in range(n % 6)}
-        if kind == 3:
-            return [i] * (n % 50)
-        if kind == 4:
-            return float(i) + n / 7
-        if kind == 5:
-            return frozenset(range(i % 7, i % 7 + n % 9))
-        return "s%d-" % i + "x" * (n % 400)
-
     def batch(r, count):
-        out = []
-        for _ in range(count):
-            key = (r.randrange(7), r.randrange(10**6), r.randrange(1, 470))
-            out.append((key, make(*key)))
-        return out
+        return workloads.small_objects(count, r)
 
-    def verify(items):
-        return all(obj == make(*key) for key, obj in items)
+    verify = workloads.small_objects_intact
 
     failures = []
     stop = time.monotonic() + seconds
@@ -103,7 +83,7 @@ CHILD = textwrap.dedent(
         rounds += 1
         items = batch(rng, 50_000)
         # Per kind: none survive (whole pools empty out) or a few (pools stay pinned).
-        rates = [rng.choice([0.0, 0.0, 0.001, 0.01, 0.05]) for _ in range(7)]
+        rates = [rng.choice([0.0, 0.0, 0.001, 0.01, 0.05]) for _ in range(workloads.SMALL_KINDS)]
         survivors.extend(it for it in items if rng.random() < rates[it[0][0]])
         del items
         gc.collect()
@@ -124,7 +104,9 @@ CHILD = textwrap.dedent(
     print("RESULT " + json.dumps(dict(failures=failures, rounds=rounds, reclaims=reclaims,
                                       pools_released=st["pools_released"],
                                       bytes_released=st["bytes_released"],
-                                      max_hold_ms=st["max_hold_ns"] / 1e6)))
+                                      used_pools_trimmed=st["used_pools_trimmed"],
+                                      max_hold_ms=st["max_hold_ns"] / 1e6,
+                                      max_hold_cpu_ms=st["max_hold_cpu_ns"] / 1e6)))
     """
 )
 
@@ -146,6 +128,12 @@ def main() -> int:
     args = parser.parse_args()
 
     failed = False
+    started = time.monotonic()
+    print(
+        f"CPython {sys.version.split()[0]} ({sys.executable}), load average "
+        f"{os.getloadavg()[0]:.1f} at start",
+        flush=True,
+    )
     for offset, mode in enumerate(args.modes.split(",")):
         env_extra, flags, threads = MODES[mode]
         env = dict(os.environ)
@@ -175,12 +163,19 @@ def main() -> int:
         failed |= bool(result["failures"])
         print(
             f"{mode}: {status} {args.seconds:.0f} s, seed {seed}, {result['rounds']} rounds, "
-            f"{result['reclaims']} reclaims, {result['pools_released']} pools released "
-            f"({result['bytes_released'] / 2**20:.0f} MiB), longest GIL hold "
-            f"{result['max_hold_ms']:.1f} ms, CPython {sys.version.split()[0]} "
+            f"{result['reclaims']} reclaims, {result['pools_released']} empty pools released, "
+            f"{result['used_pools_trimmed']} pools holding live blocks trimmed "
+            f"({result['bytes_released'] / 2**20:.0f} MiB in all), longest GIL hold "
+            f"{result['max_hold_ms']:.1f} ms wall, {result['max_hold_cpu_ms']:.1f} ms CPU, "
+            f"CPython {sys.version.split()[0]} "
             f"{result['failures'][:3]}",
             flush=True,
         )
+    print(
+        f"{'FAILED' if failed else 'ok'}: {time.monotonic() - started:.0f} s wall for "
+        f"{args.modes}, load average {os.getloadavg()[0]:.1f} at the end",
+        flush=True,
+    )
     return 1 if failed else 0
 
 

@@ -49,6 +49,37 @@ memreclaim.trim()
 """
 
 
+def test_small_objects_are_rebuilt_from_their_keys() -> None:
+    import random
+
+    from memreclaim import workloads
+
+    items = workloads.small_objects(2_000, random.Random(5))
+    assert items == workloads.small_objects(2_000, random.Random(5))
+    assert {key[0] for key, _ in items} == set(range(workloads.SMALL_KINDS))
+    assert workloads.small_objects_intact(items)
+    obj = next(obj for key, obj in items if key[0] == 3)  # a list: mutable
+    obj.append(None)  # type: ignore[attr-defined]
+    assert not workloads.small_objects_intact(items)
+
+
+def test_small_objects_bad_input() -> None:
+    import random
+
+    from memreclaim import workloads
+
+    with pytest.raises(ValueError, match="kind must be between 0 and 6"):
+        workloads.small_object(workloads.SMALL_KINDS, 1, 1)
+    with pytest.raises(TypeError, match="rng must be a Random"):
+        workloads.small_objects(3, 5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="count must be >= 0"):
+        workloads.small_objects(-1, random.Random(0))
+    with pytest.raises(TypeError, match="count must be an int"):
+        workloads.small_objects("3", random.Random(0))  # type: ignore[arg-type]
+    assert workloads.small_objects(0, random.Random(0)) == []
+    assert workloads.small_objects_intact([])
+
+
 def test_status_keys_are_the_typed_dict_keys() -> None:
     assert set(STATUS) == set(pools.PoolReclaimStatus.__annotations__)
     if _pools is not None:
@@ -94,7 +125,49 @@ emit(plain_after=plain.rss_after, both_after=both.rss_after, intact=intact,
     assert status["enabled"] is True and status["reason"] is None
     assert status["reclaim_calls"] == 1 and status["arenas_skipped"] == 0
     assert status["pools_released"] == result["released"]
+    assert status["used_pools_trimmed"] > 0 and status["used_bytes_released"] > 0
     assert 0 < status["max_hold_ns"] <= status["last_reclaim_ns"]
+
+
+@needs_pools
+def test_pools_holding_survivors_give_back_their_free_pages(run_python: RunPython) -> None:
+    # One survivor per pool: the pages of those pools that hold no live block go back too, the
+    # blocks on them leave the pool's free list, and allocating into the pools again works.
+    result = run_python(
+        HELPERS
+        + """
+pools.enable_pool_reclaim()
+d = {i: {} for i in range(300_000)}
+keep = [d[i] for i in range(0, 300_000, 1000)]
+for k in keep:
+    k["alive"] = id(k)
+del d
+gc.collect()
+blocks = sys.getallocatedblocks()
+estimate = pools.estimate_pool_reclaim()
+first = memreclaim.trim(pools=True)
+blocks_after = sys.getallocatedblocks()
+st = pools.pool_reclaim_status()
+intact = all(k == {"alive": id(k)} for k in keep)
+again = [{"n": i} for i in range(300_000)]  # into the trimmed pools' remaining free blocks
+del keep[::2]
+second = memreclaim.trim(pools=True)
+st2 = pools.pool_reclaim_status()
+intact = intact and all(k == {"alive": id(k)} for k in keep)
+intact = intact and all(x == {"n": i} for i, x in enumerate(again))
+emit(intact=intact, trimmed=st["used_pools_trimmed"], used_bytes=st["used_bytes_released"],
+     bytes=first.pools_bytes, estimate=estimate, blocks=blocks, blocks_after=blocks_after,
+     skipped=st2["arenas_skipped"], second=second.pools_bytes)
+"""
+    )
+    assert result["intact"], result
+    assert result["trimmed"] >= 200, result  # about one pool per survivor (300)
+    assert result["used_bytes"] >= result["trimmed"] * 4096, result
+    assert result["bytes"] >= result["used_bytes"] + 1000 * 12 * 1024, result
+    assert abs(result["estimate"] - result["bytes"]) <= 4 * 12 * 1024, result
+    # Only the figures of trim()'s result are allocated in between.
+    assert abs(result["blocks_after"] - result["blocks"]) < 50, result
+    assert result["skipped"] == 0, result
 
 
 def test_trim_pools_before_enable_raises() -> None:
@@ -178,29 +251,11 @@ import random
 rng = random.Random(SEED)
 gc.disable()  # collections happen where this script says, not inside a measurement
 
-def make(kind, i, n):
-    # Deterministic objects of many pymalloc size classes (all <= 512 bytes).
-    if kind == 0:
-        return (i.to_bytes(4, "little") * (n // 4 + 1))[:n]
-    if kind == 1:
-        return tuple(range(i, i + n % 60))
-    if kind == 2:
-        return {j: i for j in range(n % 6)}
-    if kind == 3:
-        return [i] * (n % 50)
-    if kind == 4:
-        return float(i) + n / 7
-    return "s%d-" % i + "x" * (n % 400)
-
 def batch(count):
-    items = []
-    for _ in range(count):
-        key = (rng.randrange(6), rng.randrange(10**6), rng.randrange(1, 470))
-        items.append((key, make(*key)))
-    return items
+    # Objects of many pymalloc size classes, each checkable against its key.
+    return workloads.small_objects(count, rng)
 
-def verify(items):
-    return all(obj == make(*key) for key, obj in items)
+verify = workloads.small_objects_intact
 
 CAPSULE
 def reclaim():
@@ -227,7 +282,8 @@ per_round = []
 for rnd in range(ROUNDS):
     items = batch(60_000)
     # Per kind: none survive (whole pools empty out) or a few (pools pinned).
-    rates = [rng.choice([0.0, 0.0, 0.002, 0.01, 0.05]) for _ in range(6)]
+    rates = [rng.choice([0.0, 0.0, 0.002, 0.01, 0.05])
+             for _ in range(workloads.SMALL_KINDS)]
     survivors.extend(it for it in items if rng.random() < rates[it[0][0]])
     del items
     gc.collect()

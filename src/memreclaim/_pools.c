@@ -317,6 +317,10 @@ static PyObject *mrp_status(PyObject *module, PyObject *Py_UNUSED(ignored))
         dict_set(dict, "reclaim_calls", PyLong_FromLongLong(mrp_proc.reclaim_calls)) < 0 ||
         dict_set(dict, "pools_released", PyLong_FromLongLong(mrp_proc.pools_released)) < 0 ||
         dict_set(dict, "bytes_released", PyLong_FromLongLong(mrp_proc.bytes_released)) < 0 ||
+        dict_set(dict, "used_pools_trimmed", PyLong_FromLongLong(mrp_proc.used_pools_trimmed)) <
+            0 ||
+        dict_set(dict, "used_bytes_released", PyLong_FromLongLong(mrp_proc.used_bytes_released)) <
+            0 ||
         dict_set(dict, "arenas_skipped", PyLong_FromLongLong(mrp_proc.arenas_skipped)) < 0 ||
         dict_set(dict, "last_reclaim_ns", PyLong_FromLongLong(mrp_proc.last_ns)) < 0 ||
         dict_set(dict, "total_reclaim_ns", PyLong_FromLongLong(mrp_proc.total_ns)) < 0 ||
@@ -348,6 +352,8 @@ static int capi_reclaim(mr_pools_result *out)
         mrp_proc.reclaim_calls++;
         mrp_proc.pools_released += pass.pools_released;
         mrp_proc.bytes_released += pass.bytes_released;
+        mrp_proc.used_pools_trimmed += pass.used_pools_trimmed;
+        mrp_proc.used_bytes_released += pass.used_bytes_released;
         mrp_proc.arenas_skipped += pass.arenas_skipped;
         mrp_proc.last_ns = pass.elapsed_ns;
         mrp_proc.total_ns += pass.elapsed_ns;

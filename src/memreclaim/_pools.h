@@ -53,6 +53,8 @@ typedef struct {
     long long reclaim_calls;
     long long pools_released;
     long long bytes_released;
+    long long used_pools_trimmed;
+    long long used_bytes_released;
     long long arenas_skipped;
     long long last_ns;
     long long total_ns;
@@ -84,8 +86,10 @@ uintptr_t mrp_first_pool(uintptr_t base);
 /* ---- _pools_reclaim.c --------------------------------------------------------------------- */
 
 typedef struct {
-    long long pools_released; /* with dry_run: pools that would be released */
-    long long bytes_released;
+    long long pools_released;      /* empty pools; with dry_run: pools that would be released */
+    long long bytes_released;      /* from empty pools and from pools holding live blocks */
+    long long used_pools_trimmed;  /* pools holding live blocks with pages dropped */
+    long long used_bytes_released; /* the bytes of those pages */
     long long arenas_scanned;
     long long arenas_skipped;
     long long slices;

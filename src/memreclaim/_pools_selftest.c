@@ -192,13 +192,16 @@ static void check_layout(child *c)
     }
 }
 
-/* 3. Free every block of odd size steps and 4 in 5 of the others; release; check. */
+/* 3. Free every block of odd size steps and 4 in 5 of the others (of every fourth size step,
+ * only blocks on the first page of their pool stay, so pools holding live blocks have pages to
+ * give back); release; check. */
 static void free_and_release(child *c)
 {
     size_t kept = 0;
     for (size_t i = 0; i < c->n; i++) {
         size_t k = (c->blocks[i].size + 8) / MRP_ALIGNMENT;
-        if (k % 2 == 1 || i % 5 != 0) {
+        int first_page = ((uintptr_t)c->blocks[i].ptr & MRP_POOL_MASK) < MRP_PAGE_SIZE;
+        if (k % 2 == 1 || i % 5 != 0 || (k % 4 == 2 && !first_page)) {
             PyObject_Free(c->blocks[i].ptr);
         } else {
             c->blocks[kept++] = c->blocks[i];
@@ -217,6 +220,9 @@ static void free_and_release(child *c)
     }
     if (pass.pools_released == 0) {
         child_exit(c, 0, "self-test: no empty pool was released");
+    }
+    if (pass.used_pools_trimmed == 0) {
+        child_exit(c, 0, "self-test: no page of a pool holding live blocks was released");
     }
     if (before != after) {
         child_exit(c, 0, "self-test: the reclaim changed the allocated block count");

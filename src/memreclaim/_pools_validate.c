@@ -61,7 +61,9 @@ static int header_valid(const mrp_pool_header *header, uintptr_t pool, uintptr_t
     }
     uintptr_t freeblock = (uintptr_t)header->freeblock;
     if (freeblock == 0) {
-        if (count != nblocks) { /* the free list is empty only in a full pool */
+        /* The free list is empty only in a fully carved pool: full, or holding free blocks that
+         * a pass took off the list with the pages they were on (_pools_reclaim.c). */
+        if (nextoffset <= header->maxnextoffset) {
             return 0;
         }
     } else if (freeblock < pool + MRP_POOL_OVERHEAD || freeblock >= pool + nextoffset ||

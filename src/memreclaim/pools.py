@@ -3,8 +3,9 @@
 pymalloc returns a 1 MiB arena to the OS only when all of its 16 KiB pools are empty, so a few
 surviving small objects can pin many megabytes that no ``malloc_trim`` can reach. After
 :func:`enable_pool_reclaim`, ``memreclaim.trim(pools=True)`` drops the pages of every empty pool
-except the first page of each (which holds pymalloc's bookkeeping); its ``TrimResult`` reports
-``pools_released`` and ``pools_bytes``. That is the one way to reclaim pools.
+except the first page of each (which holds pymalloc's bookkeeping), and the pages of pools in
+use on which no live block lies; its ``TrimResult`` reports ``pools_released`` (empty pools) and
+``pools_bytes`` (all bytes). That is the one way to reclaim pools.
 
 It depends on CPython's private pymalloc layout and is therefore gated: CPython 3.11 to 3.15 in
 their default (GIL) builds, 64-bit Linux, 4 KiB pages, pymalloc active, the main interpreter (and
@@ -48,7 +49,12 @@ class PoolReclaimStatus(TypedDict):
     reclaim_calls: int
     """Passes run by ``trim(pools=True)``."""
     pools_released: int
+    """Empty pools whose pages after the first were given back."""
     bytes_released: int
+    """All bytes given back: empty pools' and ``used_bytes_released``."""
+    used_pools_trimmed: int
+    """Times a pool holding live blocks gave back pages that hold none of them."""
+    used_bytes_released: int
     arenas_skipped: int
     """Arenas left untouched because validation failed (0 in a healthy process)."""
     last_reclaim_ns: int

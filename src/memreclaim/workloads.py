@@ -11,6 +11,10 @@ lands where the named allocator keeps it:
   keeps the whole arena.
 - :func:`buffers`: rounds of 1-5 MiB buffers with small strings between them; freeing a large
   mmapped block raises glibc's adaptive mmap threshold, so later buffers land in the heap.
+- :func:`small_objects`: a batch of objects of many pymalloc size classes (bytes, tuples,
+  dicts, lists, floats, frozensets, strings), each rebuilt exactly from its key by
+  :func:`small_object`, so that :func:`small_objects_intact` can check every one's content
+  (the pool-reclaim tortures).
 
     >>> from memreclaim import workloads
     >>> data = workloads.strings(10_000)
@@ -26,10 +30,23 @@ from typing import TypeVar
 
 from . import _validate
 
-__all__ = ["buffers", "dicts", "keep_every", "strings"]
+__all__ = [
+    "SMALL_KINDS",
+    "buffers",
+    "dicts",
+    "keep_every",
+    "small_object",
+    "small_objects",
+    "small_objects_intact",
+    "strings",
+]
 
 MiB = 1 << 20
 _T = TypeVar("_T")
+
+SMALL_KINDS = 7
+"""Kinds of :func:`small_object`: bytes, tuple, dict, list, float, frozenset, str."""
+SmallKey = tuple[int, int, int]
 
 
 def strings(
@@ -94,3 +111,44 @@ def keep_every(data: Sequence[_T], every: int) -> list[_T]:
     """Every ``every``-th item of ``data`` (0 keeps none): the survivors of a burst."""
     every = _validate.integer("every", every)
     return [] if every == 0 else list(data[::every])
+
+
+def small_object(kind: int, i: int, n: int) -> object:
+    """The object of ``kind`` (0 to ``SMALL_KINDS - 1``) built from ``i`` and ``n``: the same
+    arguments always give an equal object. For ``n`` below 470 the object itself is at most
+    512 bytes (pymalloc's); a dict's or a frozenset's table may be malloc's.
+    """
+    if kind == 0:
+        return (i.to_bytes(4, "little") * (n // 4 + 1))[:n]
+    if kind == 1:
+        return tuple(range(i, i + n % 60))
+    if kind == 2:
+        return {j: i for j in range(n % 6)}
+    if kind == 3:
+        return [i] * (n % 50)
+    if kind == 4:
+        return float(i) + n / 7
+    if kind == 5:
+        return frozenset(range(i % 7, i % 7 + n % 9))
+    if kind == 6:
+        return f"s{i}-" + "x" * (n % 400)
+    raise ValueError(f"kind must be between 0 and {SMALL_KINDS - 1}, got {kind!r}")
+
+
+def small_objects(count: int, rng: random.Random) -> list[tuple[SmallKey, object]]:
+    """``count`` pairs of (key, ``small_object(*key)``) with keys drawn from ``rng``: kind,
+    ``i`` below one million, ``n`` from 1 to 469. Draws the same keys for the same ``rng`` state.
+    """
+    count = _validate.integer("count", count)
+    rng = _validate.instance("rng", rng, random.Random)
+    items: list[tuple[SmallKey, object]] = []
+    for _ in range(count):
+        key = (rng.randrange(SMALL_KINDS), rng.randrange(10**6), rng.randrange(1, 470))
+        items.append((key, small_object(*key)))
+    return items
+
+
+def small_objects_intact(items: Sequence[tuple[SmallKey, object]]) -> bool:
+    """True when every object of ``items`` (from :func:`small_objects`) still equals the one its
+    key builds: the content check after pages were given back and allocated into again."""
+    return all(obj == small_object(*key) for key, obj in items)
