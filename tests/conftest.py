@@ -185,13 +185,16 @@ def shared_library(source: str, folder: Path, name: str) -> Path:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip(f"no C compiler to build lib{name}.so")
-    (folder / f"{name}.c").write_text(source)
+    c_file = folder / f"{name}.c"
+    c_file.write_text(source)
     library = folder / f"lib{name}.so"
-    subprocess.run(
-        [compiler, "-O1", "-shared", "-fPIC", "-o", str(library), str(folder / f"{name}.c")],
-        check=True,
+    proc = subprocess.run(
+        [compiler, "-O1", "-shared", "-fPIC", "-o", str(library), str(c_file), "-ldl"],
         capture_output=True,
+        text=True,
+        timeout=120,
     )
+    assert proc.returncode == 0, f"lib{name}.so did not compile:\n{proc.stderr}"
     return library
 
 
