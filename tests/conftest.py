@@ -66,6 +66,13 @@ def _find_allocator_libs() -> dict[str, Path | None]:
 
 ALLOCATOR_LIBS = _find_allocator_libs()
 
+# benchmarks/ sits beside tests/ (in the checkout and the sdist) and is importable by the tests:
+# a benchmark and the tests of the same thing share one copy of its probe or plumbing there
+# (bench_import.CHILD, bench_servers.launch/stop_server). Appended, so it shadows nothing.
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.append(str(BENCHMARKS))
+
 # Prelude for workload scripts: the burst spike (memreclaim.workloads) and an independent
 # /proc reader.
 PRELUDE = '''
