@@ -32,8 +32,19 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# Modules `import memreclaim` must not pull in (tests/test_import_cost.py checks the same list).
 FORBIDDEN = ("asyncio", "ssl", "concurrent.futures", "xml")
 
+
+def forbidden(modules: list[str]) -> list[str]:
+    """The modules among ``modules`` that are, or are inside, one of FORBIDDEN."""
+    return [m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+
+
+# The child: a bare interpreter (site only) reads its resident size from /proc/self/statm, then
+# (with IMPORT true) imports memreclaim, calls trim/stats/rss and reads it again. Shared with
+# tests/test_import_cost.py (run with IMPORT = True there): one probe for the figure the test
+# bounds and the benchmark reports.
 CHILD = """
 import os, sys, time
 PAGE = os.sysconf("SC_PAGESIZE")
@@ -44,7 +55,7 @@ def resident():
         return int(f.read().split()[1]) * PAGE
 
 
-resident()
+resident()  # the reader's own first-call costs belong to the baseline
 before_modules = set(sys.modules)
 bare = resident()
 out = {"bare": bare}
@@ -61,8 +72,13 @@ if IMPORT:
     out["modules"] = sorted(set(sys.modules) - before_modules)
 import json
 
-print(json.dumps(out))
+print("RESULT " + json.dumps(out))
 """
+
+
+def child_code(do_import: bool) -> str:
+    """The child script, with or without the import."""
+    return f"IMPORT = {do_import}\n" + CHILD
 
 
 def default_pythons() -> list[Path]:
@@ -119,14 +135,14 @@ class Result:
 
     @property
     def forbidden(self) -> list[str]:
-        return [m for m in self.modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+        return forbidden(self.modules)
 
 
 def child(python: Path, do_import: bool) -> tuple[dict[str, Any], float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "LD_PRELOAD"))}
     start = time.perf_counter()
     proc = subprocess.run(
-        [str(python), "-c", f"IMPORT = {do_import}\n" + CHILD],
+        [str(python), "-c", child_code(do_import)],
         capture_output=True,
         text=True,
         env=env,
@@ -135,7 +151,7 @@ def child(python: Path, do_import: bool) -> tuple[dict[str, Any], float]:
         check=True,
     )
     wall = time.perf_counter() - start
-    out: dict[str, Any] = json.loads(proc.stdout)
+    out: dict[str, Any] = json.loads(proc.stdout.removeprefix("RESULT "))
     return out, wall
 
 

@@ -174,6 +174,7 @@ def free_port() -> int:
 
 
 def statm_rss(pid: int) -> int | None:
+    """The resident size of process ``pid`` (None once it is gone)."""
     try:
         with open(f"/proc/{pid}/statm") as f:
             return int(f.read().split()[1]) * PAGE
@@ -213,6 +214,37 @@ def server_argv(setup: str, recipe: str, port: int, workdir: Path) -> list[str]:
     return [*argv, "app:wsgi_app"]
 
 
+def launch(
+    argv: list[str], workdir: Path, port: int, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a server process (its own session, output in ``workdir/server.log``) and wait until
+    it answers ``GET /`` on ``port``; stop it and raise RuntimeError with its log if it exits or
+    does not answer within a minute. Shared with tests/test_integrations.py."""
+    log = open(workdir / "server.log", "wb")  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen(
+        argv,
+        cwd=workdir,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            get(port, "/", timeout=5)
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_server(proc)
+                state = "exited" if proc.returncode is not None else "did not answer in 60 s"
+                raise RuntimeError(
+                    f"{' '.join(argv)}: {state}:\n{(workdir / 'server.log').read_text()}"
+                ) from None
+            time.sleep(0.1)
+
+
 def start_server(
     setup: str, recipe: str, workdir: Path, record: bool = False
 ) -> tuple[subprocess.Popen[bytes], int]:
@@ -225,31 +257,11 @@ def start_server(
     env["BENCH_OFFLOAD"] = "1" if setup == "uvicorn-offload" else "0"
     env["BENCH_RECORD"] = "1" if record else "0"
     env["PYTHONPATH"] = str(workdir) + os.pathsep + env.get("PYTHONPATH", "")
-    log = open(workdir / "server.log", "wb")  # noqa: SIM115 (closed with the process)
-    proc = subprocess.Popen(
-        server_argv(setup, recipe, port, workdir),
-        cwd=workdir,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            get(port, "/ping", timeout=5)
-            return proc, port
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                stop_server(proc)
-                raise RuntimeError(
-                    f"{setup}/{recipe} did not start: {(workdir / 'server.log').read_text()}"
-                ) from None
-            time.sleep(0.1)
+    return launch(server_argv(setup, recipe, port, workdir), workdir, port, env), port
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's session, SIGKILL if it is still there 20 s later."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -66,6 +66,13 @@ def _find_allocator_libs() -> dict[str, Path | None]:
 
 ALLOCATOR_LIBS = _find_allocator_libs()
 
+# benchmarks/ sits beside tests/ (in the checkout and the sdist) and is importable by the tests:
+# a benchmark and the tests of the same thing share one copy of its probe or plumbing there
+# (bench_import.CHILD, bench_servers.launch/stop_server). Appended, so it shadows nothing.
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.append(str(BENCHMARKS))
+
 # Prelude for workload scripts: the burst spike (memreclaim.workloads) and an independent
 # /proc reader.
 PRELUDE = '''
@@ -185,13 +192,16 @@ def shared_library(source: str, folder: Path, name: str) -> Path:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip(f"no C compiler to build lib{name}.so")
-    (folder / f"{name}.c").write_text(source)
+    c_file = folder / f"{name}.c"
+    c_file.write_text(source)
     library = folder / f"lib{name}.so"
-    subprocess.run(
-        [compiler, "-O1", "-shared", "-fPIC", "-o", str(library), str(folder / f"{name}.c")],
-        check=True,
+    proc = subprocess.run(
+        [compiler, "-O1", "-shared", "-fPIC", "-o", str(library), str(c_file), "-ldl"],
         capture_output=True,
+        text=True,
+        timeout=120,
     )
+    assert proc.returncode == 0, f"lib{name}.so did not compile:\n{proc.stderr}"
     return library
 
 

@@ -6,47 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import bench_import
 import pytest
 
 import memreclaim
 from memreclaim import _accounting
 
 LIMIT = 1 << 20
-FORBIDDEN = ("asyncio", "ssl", "concurrent.futures", "xml")
 
 # Runs without the workload prelude: the baseline is a bare interpreter (site only), read from
-# /proc/self/statm in the same process before and after the import.
-BARE_CHILD = """
-import os, sys
-
-PAGE = os.sysconf("SC_PAGESIZE")
-
-
-def resident():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
-
-resident()  # the reader's own first-call costs belong to the baseline
-modules_before = set(sys.modules)
-bare = resident()
-import memreclaim
-
-imported = resident()
-memreclaim.trim()
-memreclaim.stats()
-memreclaim.rss()
-used = resident()
-new_modules = sorted(set(sys.modules) - modules_before)
-
-import json
-
-print("RESULT " + json.dumps(dict(bare=bare, imported=imported, used=used, modules=new_modules)))
-"""
-
-
-def _forbidden(modules: list[str]) -> list[str]:
-    return [m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
+# /proc/self/statm in the same process before and after the import. The probe is the one
+# benchmarks/bench_import.py reports from.
+BARE_CHILD = bench_import.child_code(True)
 
 
 def test_import_and_use_cost_at_most_1_mib(run_python: Callable[..., dict[str, Any]]) -> None:
@@ -57,13 +28,14 @@ def test_import_and_use_cost_at_most_1_mib(run_python: Callable[..., dict[str, A
     # Checked before trim() too, so that what trim() gives back cannot hide an import's cost.
     assert import_cost <= LIMIT, f"import memreclaim costs {import_cost} B of RSS {detail}"
     assert use_cost <= LIMIT, f"import + trim/stats/rss costs {use_cost} B of RSS {detail}"
-    assert _forbidden(out["modules"]) == [], detail
+    assert bench_import.forbidden(out["modules"]) == [], detail
     assert "memreclaim._core" in out["modules"], detail  # the child really imported memreclaim
 
 
 def test_forbidden_module_check_sees_them() -> None:
     """The module filter used above does flag what it must (and not look-alikes)."""
-    assert _forbidden(["xml.etree", "asyncio", "ssl", "concurrent.futures.thread", "xmlrpc"]) == [
+    modules = ["xml.etree", "asyncio", "ssl", "concurrent.futures.thread", "xmlrpc"]
+    assert bench_import.forbidden(modules) == [
         "xml.etree",
         "asyncio",
         "ssl",

@@ -6,9 +6,14 @@ ratio against a baseline taken in the same process.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
+from conftest import shared_library
+
 MiB = 2**20
+GATE_C = Path(__file__).resolve().parent / "c" / "trim_gate.c"
 
 
 def test_seed000_spike_is_retained_then_trimmed(run_python: Any) -> None:
@@ -41,45 +46,64 @@ def test_seed000_spike_is_retained_then_trimmed(run_python: Any) -> None:
     assert abs(out["anon_before"] - out["py_anon_before"]) < 4 * MiB, out
 
 
-def test_trim_releases_the_gil(run_python: Any) -> None:
-    # A Python thread must make progress while trim() runs. The control, malloc_trim through
-    # ctypes.PyDLL (which keeps the GIL), must show none: that proves the probe can fail. A long
-    # switch interval keeps the interpreter from handing the GIL over between the reads of the
-    # counter and the call: the spinner can only run when the call itself releases the GIL.
+@pytest.fixture(scope="module")
+def trim_gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/c/trim_gate.c built: a malloc_trim that waits for another Python thread's answer."""
+    return shared_library(GATE_C.read_text(), tmp_path_factory.mktemp("gate"), "trimgate")
+
+
+def test_trim_releases_the_gil(run_python: Any, trim_gate: Path) -> None:
+    # While trim() is in malloc_trim, another Python thread must be able to run. The preloaded
+    # gate holds malloc_trim until a Python thread, woken by the gate, answers it: the thread can
+    # only do that with the GIL. Nothing is timed: the gate's deadline only turns "never" into a
+    # failure. The control, malloc_trim through ctypes.PyDLL (which keeps the GIL), must time
+    # out in the gate: that proves the probe can fail.
     out = run_python(
         """
-        import ctypes, threading, time
-        sys.setswitchinterval(1.0)
-        counter = 0
-        stop = False
-        def spin():
-            global counter
-            while not stop:
-                counter += 1
-        thread = threading.Thread(target=spin, daemon=True)
-        thread.start()
+        import ctypes, threading
+        gate = ctypes.CDLL(GATE)
+
+        def outcomes():
+            return {name: ctypes.c_int.in_dll(gate, "trim_gate_" + name).value
+                    for name in ("passed", "timeouts")}
+
+        def armed(timeout_ms):  # the gate for the next malloc_trim, and the thread answering it
+            entered_r, entered_w = os.pipe()
+            answer_r, answer_w = os.pipe()
+            os.environ["MEMRECLAIM_TEST_TRIM_GATE"] = f"{entered_w},{answer_r},{timeout_ms}"
+            def answer():
+                os.read(entered_r, 1)  # waits without the GIL; returning from it needs the GIL
+                os.write(answer_w, b"a")
+            thread = threading.Thread(target=answer, daemon=True)
+            thread.start()
+            return thread
+
         holding = ctypes.PyDLL(None).malloc_trim
         holding.argtypes = [ctypes.c_size_t]
-        progress, control = [], []
-        for attempt in range(3):
-            data, survivors = seed000_spike()
-            del data; gc.collect()
-            time.sleep(0.001)  # come back with a fresh switch interval
-            c0 = counter; holding(0); c1 = counter
-            control.append(c1 - c0)
-            data, survivors = seed000_spike()
-            del data; gc.collect()
-            time.sleep(0.001)
-            c0 = counter; result = memreclaim.trim(); c1 = counter
-            progress.append((c1 - c0, result.seconds, result.released))
-        stop = True
-        thread.join()
-        emit(progress=progress, control=control)
-        """
+        thread = armed(CONTROL_MS)
+        holding(0)
+        control = outcomes()
+        thread.join(60)
+        data, survivors = seed000_spike()
+        del data; gc.collect()
+        thread = armed(GATE_MS)
+        result = memreclaim.trim()
+        after_trim = outcomes()
+        thread.join(60)
+        del os.environ["MEMRECLAIM_TEST_TRIM_GATE"]
+        emit(control=control, after_trim=after_trim, released=result.released,
+             allocator=result.allocator, answered=not thread.is_alive())
+        """,
+        env={"LD_PRELOAD": str(trim_gate), "MEMRECLAIM_TEST_MALLOC_SYMBOL": "malloc_trim"},
+        params={"GATE": str(trim_gate), "CONTROL_MS": 1000, "GATE_MS": 60_000},
     )
-    assert all(c == 0 for c in out["control"]), out
-    assert all(released > 100 * MiB for _, _, released in out["progress"]), out
-    assert max(steps for steps, _, _ in out["progress"]) > 0, out
+    assert out["allocator"] == "glibc", out  # detection took the gate's malloc_trim for glibc's
+    assert out["control"] == {"passed": 0, "timeouts": 1}, f"the probe cannot fail: {out}"
+    assert out["after_trim"] == {"passed": 1, "timeouts": 1}, (
+        f"no other thread ran during trim()'s malloc_trim within 60 s: the GIL was kept? {out}"
+    )
+    assert out["answered"], out
+    assert out["released"] > 100 * MiB, out  # the gated call was the real trim
 
 
 def test_pin_mmap_threshold_stops_the_seed004_climb(run_python: Any) -> None:

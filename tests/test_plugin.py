@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # CI's `slow` step (.ci/run)
 pytest_plugins = ["pytester"]
 
 PRELUDE = """

@@ -18,6 +18,7 @@ import pytest
 from conftest import allocator_lib
 from scenarios import LABELS, SCENARIOS, judged, measure_code
 
+pytestmark = pytest.mark.slow  # CI's `slow` step (.ci/run)
 ALLOCATORS = ("glibc", "jemalloc", "tcmalloc", "mimalloc")
 
 
