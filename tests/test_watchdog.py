@@ -375,8 +375,11 @@ def test_watchdog_backs_off_when_memory_is_live() -> None:
         async def main():
             base = rss()
             # min_interval of 25 ticks: unproductive trims at most at ticks 0, 50, 150...
-            # (long_quiet short: time spent waiting for idle does not count as ticks)
-            policy = memreclaim.PacingPolicy(slack="64 MiB", min_interval=0.25, backoff_max=10.0)
+            # (long_quiet short: time spent waiting for idle does not count as ticks). The
+            # rising check looks back one reading (settle_window 10 ms): with its default 1 s
+            # window, the 50 ticks (0.5 s on an idle machine) would all see the build "rising".
+            policy = memreclaim.PacingPolicy(slack="64 MiB", min_interval=0.25, backoff_max=10.0,
+                                             settle_window=0.01)
             async with Watchdog(interval=0.01, policy=policy, quiet=0.01, long_quiet=0.01) as wd:
                 await asyncio.sleep(0.03)
                 held = live()                       # ~370 MiB, all of it live
