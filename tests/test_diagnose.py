@@ -429,7 +429,7 @@ def test_sites_have_the_requested_depth() -> None:
 def test_failed_snapshot_restores_tracemalloc(monkeypatch: pytest.MonkeyPatch) -> None:
     from memreclaim import diagnosis
 
-    def broken(*_: object) -> None:
+    def broken(*_: object, **__: object) -> None:
         raise OSError(5, "simulated /proc failure")
 
     if tracemalloc.is_tracing():
@@ -454,7 +454,7 @@ def test_failed_diagnosis_restores_tracemalloc(monkeypatch: pytest.MonkeyPatch) 
     before = snapshot()
     assert tracemalloc.is_tracing()
 
-    def broken(*_: object) -> None:
+    def broken(*_: object, **__: object) -> None:
         raise OSError(5, "simulated /proc failure")
 
     monkeypatch.setattr(diagnosis, "_point", broken)

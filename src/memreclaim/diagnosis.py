@@ -140,6 +140,104 @@ class _Mimalloc:
 _mimalloc: _Mimalloc | None = None
 
 
+class _Jemalloc:
+    """jemalloc's in-use bytes split into small (slab) and large (extent) allocations, read after
+    flushing the calling thread's cache (jemalloc counts cached blocks as allocated: without the
+    flush the figure moves by whatever the cache happens to hold)."""
+
+    _ALL = 4096  # MALLCTL_ARENAS_ALL
+
+    def __init__(self) -> None:
+        self._ctl = ctypes.CDLL(None).mallctl  # AttributeError when absent
+        self._ctl.restype = ctypes.c_int
+        self._ctl.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+        ]
+
+    def flush(self) -> None:
+        self._ctl(b"thread.tcache.flush", None, None, None, 0)  # fails only without a tcache
+
+    def parts(self) -> dict[str, int] | None:
+        """{"small": ..., "large": ...} from the statistics of the current epoch."""
+        out = {}
+        for part in ("small", "large"):
+            value = ctypes.c_size_t()
+            size = ctypes.c_size_t(ctypes.sizeof(value))
+            name = f"stats.arenas.{self._ALL}.{part}.allocated".encode()
+            if self._ctl(name, ctypes.byref(value), ctypes.byref(size), None, 0) != 0:
+                return None
+            out[part] = value.value
+        return out
+
+
+class _Mallinfo2(ctypes.Structure):
+    _NAMES = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
+    _fields_ = [(name, ctypes.c_size_t) for name in (*_NAMES, "uordblks", "fordblks", "keepcost")]
+
+
+class _GlibcTcache:
+    """Bytes held by the calling thread's tcache. glibc counts them as in use (``uordblks``):
+    since 2.42 a thread's tcache holds up to 16 freed chunks of each size up to 1 KiB (~0.5 MiB,
+    was 7: ~0.2 MiB), enough to pass for a native leak of a single shot.
+
+    Read by taking the chunks out of each tcache bin (``malloc``) until one comes from the arena
+    (``uordblks`` moves), then freeing them all: the tcache ends as full as it was, plus what
+    the probe itself put back (counted in the result)."""
+
+    _BINS = 64  # tcache bins of chunks of 32..1040 bytes (glibc's default tcache_max)
+    _MAX_PER_BIN = 1024  # glibc.malloc.tcache_count is at most 65535; 16 by default
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL(None)
+        self._info = lib.mallinfo2  # AttributeError before glibc 2.33
+        self._info.restype = _Mallinfo2
+        self._info.argtypes = []
+        self._malloc = lib.malloc
+        self._malloc.restype = ctypes.c_void_p
+        self._malloc.argtypes = [ctypes.c_size_t]
+        self._free = lib.free
+        self._free.restype = None
+        self._free.argtypes = [ctypes.c_void_p]
+
+    def read(self) -> int:
+        start = self._info().uordblks
+        held = 0
+        taken = (ctypes.c_void_p * (self._MAX_PER_BIN + 1))()
+        for index in range(self._BINS):
+            chunk = 32 + 16 * index
+            used = self._info().uordblks
+            count = 0
+            while count <= self._MAX_PER_BIN:
+                taken[count] = self._malloc(chunk - 8)
+                count += 1
+                if not taken[count - 1] or self._info().uordblks != used:
+                    break
+                held += chunk
+            for i in range(count - 1, -1, -1):
+                if taken[i]:
+                    self._free(taken[i])
+        return int(held + self._info().uordblks - start)
+
+
+_jemalloc: _Jemalloc | None = None
+_tcache: _GlibcTcache | None = None
+
+
+def _glibc_tcache() -> int | None:
+    """Bytes in the calling thread's glibc tcache, or None when they cannot be read."""
+    global _tcache
+    try:
+        if _tcache is None:
+            _tcache = _GlibcTcache()
+        return _tcache.read()
+    except (AttributeError, OSError):
+        return None
+
+
 def _heap(name: str) -> tuple[dict[str, int] | None, int | None, str | None]:
     """(in-use bytes per part, bytes the allocator owns in RSS or mapped, why unavailable)."""
     global _mimalloc
@@ -151,15 +249,26 @@ def _heap(name: str) -> tuple[dict[str, int] | None, int | None, str | None]:
         except (AttributeError, OSError) as exc:
             return None, None, f"mimalloc's heap cannot be visited ({exc})"
         return {"heap": used}, committed, None
+    global _jemalloc
+    jemalloc = None
+    if name == "jemalloc":
+        try:
+            if _jemalloc is None:
+                _jemalloc = _Jemalloc()
+            jemalloc = _jemalloc
+            jemalloc.flush()
+        except (AttributeError, OSError):
+            jemalloc = None
     try:
-        figures = heap_stats().figures
+        figures = heap_stats().figures  # jemalloc: a new epoch, after the flush
     except UnsupportedAllocatorError as exc:
         return None, None, f"the {name} allocator reports no in-use bytes ({exc})"
     if name == "glibc":
         parts = {"heap": figures["uordblks"], "mmapped": figures["hblkhd"]}
         return parts, figures["arena"] + figures["hblkhd"], None
     if name == "jemalloc":
-        return {"allocated": figures["allocated"]}, figures["resident"], None
+        split = jemalloc.parts() if jemalloc is not None else None
+        return split or {"allocated": figures["allocated"]}, figures["resident"], None
     if name == "tcmalloc":
         owned = figures["heap_size"] - figures.get("pageheap_unmapped_bytes", 0)
         return {"allocated": figures["current_allocated_bytes"]}, owned, None
@@ -292,10 +401,15 @@ class _Point:
     shmem: int | None
     pymalloc: tuple[int, int] | None
     threads: int
+    tcache: int | None = None  # glibc: bytes in this thread's tcache (counted in "heap")
 
 
-def _point(alloc: str, traced: bool) -> _Point:
+def _point(alloc: str, traced: bool, tcache: bool = False) -> _Point:
+    """Read every component (after ``gc.collect()``). ``tcache``: also read glibc's tcache
+    (tenths of a second on a fragmented heap: at the baseline and a single shot's end only;
+    over repeated iterations its one-time fill is not steady growth)."""
     gc.collect()
+    held = _glibc_tcache() if tcache and alloc == "glibc" else None
     parts, owned, _ = _heap(alloc)
     st = stats()
     return _Point(
@@ -307,6 +421,7 @@ def _point(alloc: str, traced: bool) -> _Point:
         shmem=st.rss_shmem,
         pymalloc=_pymalloc(),
         threads=_threads(),
+        tcache=held,
     )
 
 
@@ -495,8 +610,8 @@ def snapshot(
         released = trim().released if trim_first else None
         sampler = _OwnPeak() if traced else None  # started first: its allocations predate base
         tm_snap = tracemalloc.take_snapshot() if traced else None
-        base = _point(alloc, traced)
-        again = _point(alloc, traced)  # read twice: each component's jitter
+        base = _point(alloc, traced, tcache=True)
+        again = _point(alloc, traced, tcache=True)  # read twice: each component's jitter
         reason = _heap(alloc)[2]
         return Snapshot(
             allocator=alloc,
@@ -535,6 +650,7 @@ def _diff_points(b: _Point, a: _Point) -> _Point:
         shmem=d(b.shmem, a.shmem),
         pymalloc=None,
         threads=abs(b.threads - a.threads),
+        tcache=d(b.tcache, a.tcache),
     )
 
 
@@ -856,6 +972,8 @@ def _net_parts(p: _Point, base: _Point, explained: int) -> dict[str, int]:
     tracemalloc explain taken from the parts that grew, largest first (nothing is counted
     twice, and a shrinking part does not hide a growing one)."""
     grown = {k: (p.parts or {}).get(k, 0) - v for k, v in (base.parts or {}).items()}
+    if "heap" in grown and p.tcache is not None and base.tcache is not None:
+        grown["heap"] -= p.tcache - base.tcache  # freed chunks the tcache holds: not in use
     net = dict(grown)
     for key in sorted(grown, key=lambda k: -grown[k]):
         take = min(max(grown[key], 0), explained)
@@ -951,7 +1069,7 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
     before._sampler = None
     n = iterations if iterations is not None else max(len(before.checkpoints), 1)
     complete = len(before.checkpoints) == n
-    points = list(before.checkpoints) if complete else [_point(alloc, traced)]
+    points = list(before.checkpoints) if complete else [_point(alloc, traced, tcache=True)]
     end = points[-1]
     tm_after = tracemalloc.take_snapshot() if traced else None
     ntraces_after = len(tm_after.traces) if tm_after is not None else 0
