@@ -44,6 +44,7 @@ memory, retention) and the native components are ``None`` with the reason in
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import gc
 import inspect
 import os
@@ -75,6 +76,8 @@ DEFAULT_FRAMES = 8
 _JITTER_FACTOR = 8  # a component's threshold is at least this many times its measured jitter
 _MARGIN_GLIBC = 0.06  # uncertainty of the malloc-side cost of traced allocations
 _MARGIN_OTHER = 0.25  # size classes of jemalloc/tcmalloc/mimalloc round more
+_JEMALLOC_SMALL = 14 * 1024  # jemalloc's largest small size class (SC_SMALL_MAXCLASS)
+_FOOTPRINT_FACTOR = 4  # resident footprints (mimalloc): threshold at least 4x the noise floor
 _MIN_SITE = 1024  # allocation sites that gained less are not listed
 _CALIBRATION_OBJECTS = 4000  # small: calibration must not raise the peak RSS (VmHWM)
 
@@ -94,8 +97,17 @@ RETENTION_KINDS = ("allocator_retention", "pymalloc_retention", "unreclaimed_ret
 
 
 class _Mimalloc:
-    """In-use and committed bytes of the calling thread's mimalloc heap (``mi_heap_visit_blocks``
-    over its pages: mimalloc's process-wide figures move in 32 MiB steps, useless here)."""
+    """mimalloc's figures.
+
+    2.x: the in-use bytes of the calling thread's heap, summed page by page with
+    ``mi_heap_visit_blocks`` and split into small (blocks up to 64 KiB) and large blocks, so that
+    small frees do not net a large leak; the process-wide figures of 2.x move in 32 MiB steps.
+    3.x: the visit no longer sees full pages (they leave the heap's queues), so the in-use bytes
+    cannot be read, and its committed bytes run ahead of use; the resident bytes of its mappings
+    (all threads, from /proc/self/smaps) stand in for them: a footprint, confirmed after the
+    trim (``mi_collect``)."""
+
+    _SMALL = 64 * 1024
 
     class _Area(ctypes.Structure):
         _fields_ = [
@@ -117,24 +129,124 @@ class _Mimalloc:
 
     def __init__(self) -> None:
         lib = ctypes.CDLL(None)
-        self._backing = lib.mi_heap_get_backing  # AttributeError when absent
+        version = lib.mi_version  # AttributeError when absent
+        version.restype = ctypes.c_int
+        version.argtypes = []
+        self.version = int(version())
+        self._backing = lib.mi_heap_get_backing
         self._backing.restype = ctypes.c_void_p
         self._backing.argtypes = []
         self._visit = lib.mi_heap_visit_blocks
         self._visit.restype = ctypes.c_bool
         self._visit.argtypes = [ctypes.c_void_p, ctypes.c_bool, self._VISIT, ctypes.c_void_p]
 
-    def read(self) -> tuple[int, int]:
-        totals = [0, 0]
+        self._malloc = lib.malloc
+        self._malloc.restype = ctypes.c_void_p
+        self._malloc.argtypes = [ctypes.c_size_t]
+        self._free = lib.free
+        self._free.restype = None
+        self._free.argtypes = [ctypes.c_void_p]
+        self._collect = lib.mi_collect
+        self._collect.restype = None
+        self._collect.argtypes = [ctypes.c_bool]
+        self._probes: set[int] = set()  # addresses known to lie in mimalloc's mappings
+        self.last: tuple[tuple[tuple[int, int, int], ...], int, tuple[int, int] | None] = (
+            (),
+            0,
+            None,
+        )
 
-        def area(_heap: int, info: Any, _block: int, _size: int, _arg: int) -> bool:
-            a = info.contents
-            totals[0] += a.used * a.block_size
-            totals[1] += a.committed
-            return True
+    @property
+    def footprint(self) -> bool:
+        """Whether the figure is resident bytes (3.x) rather than bytes in use."""
+        return self.version >= 300
 
-        self._visit(self._backing(), False, self._VISIT(area), None)
-        return totals[0], totals[1]
+    def _maps(self) -> tuple[tuple[int, int, int], ...]:
+        """(start, end, resident bytes) of each anonymous mapping, after probing: a few blocks
+        are malloc'd and freed, and this thread's pages visited, to learn which mappings hold
+        mimalloc's memory (:meth:`resident` decides with every address learnt so far, so a
+        mapping found late also counts at the points read before)."""
+        for size in (64, 16 * 1024, 1 << 20):
+            block = self._malloc(size)
+            if block:
+                self._probes.add(block)
+                self._free(block)
+        self._visit(self._backing(), False, self._VISIT(self._probe), None)
+        maps: list[tuple[int, int, int]] = []
+        anonymous = False
+        with open("/proc/self/smaps", "rb") as smaps:
+            for line in smaps:
+                head = line.split(b" ", 1)[0]
+                if b"-" in head and not head.endswith(b":"):
+                    anonymous = len(line.split()) < 6
+                    if anonymous:
+                        low, high = (int(x, 16) for x in head.split(b"-"))
+                        maps.append((low, high, 0))
+                elif anonymous and line.startswith(b"Rss:"):
+                    low, high, _ = maps[-1]
+                    maps[-1] = (low, high, int(line.split()[1]) * 1024)
+        return tuple(maps)
+
+    def resident(self, maps: tuple[tuple[int, int, int], ...]) -> int:
+        """Resident bytes of mimalloc's mappings among ``maps``: those that hold a known
+        address, and the anonymous mappings contiguous with them (one reservation, split by
+        its commits)."""
+        total = 0
+        run: list[tuple[int, int, int]] = []
+
+        def close() -> int:
+            hit = any(low <= a < high for low, high, _ in run for a in self._probes)
+            return sum(rss for _, _, rss in run) if hit else 0
+
+        for entry in sorted(maps):
+            if run and run[-1][1] != entry[0]:
+                total += close()
+                run = []
+            run.append(entry)
+        return total + (close() if run else 0)
+
+    def _probe(self, _heap: int, info: Any, _block: int, _size: int, _arg: int) -> bool:
+        if info.contents.blocks:
+            self._probes.add(info.contents.blocks)
+        return len(self._probes) < 4096
+
+    def read(self) -> tuple[dict[str, int], int]:
+        """(in-use bytes per part, owned bytes); :attr:`last` keeps what :meth:`parts` needs to
+        recompute them once every mapping is known."""
+        maps: tuple[tuple[int, int, int], ...] = ()
+        if self.footprint:
+            self._collect(True)  # freed pages are purged now, not after a delay
+            maps = self._maps()
+        committed = 0
+        small_large = None
+        if not self.footprint:
+            totals = {"small": 0, "large": 0, "committed": 0}
+
+            def area(_heap: int, info: Any, _block: int, _size: int, _arg: int) -> bool:
+                a = info.contents
+                kind = "small" if a.block_size <= self._SMALL else "large"
+                totals[kind] += a.used * a.block_size
+                totals["committed"] += a.committed
+                return True
+
+            self._visit(self._backing(), False, self._VISIT(area), None)
+            committed = totals["committed"]
+            small_large = (totals["small"], totals["large"])
+        self.last = (maps, committed, small_large)
+        return self.parts(self.last)
+
+    def parts(
+        self, raw: tuple[tuple[tuple[int, int, int], ...], int, tuple[int, int] | None]
+    ) -> tuple[dict[str, int], int]:
+        """(parts, owned bytes) from what :meth:`read` kept, with every address known now."""
+        maps, committed, small_large = raw
+        if small_large is None:
+            resident = self.resident(maps)
+            return {"resident": resident}, resident
+        # 2.x: other threads' heaps cannot be visited, and the resident memory of its mappings
+        # does not tell them from this thread's freed segments (2.x keeps them after a
+        # collect): memory another thread mallocs shows as memory outside malloc.
+        return {"small": small_large[0], "large": small_large[1]}, committed
 
 
 _mimalloc: _Mimalloc | None = None
@@ -245,10 +357,10 @@ def _heap(name: str) -> tuple[dict[str, int] | None, int | None, str | None]:
         try:
             if _mimalloc is None:
                 _mimalloc = _Mimalloc()
-            used, committed = _mimalloc.read()
+            parts, committed = _mimalloc.read()
         except (AttributeError, OSError) as exc:
             return None, None, f"mimalloc's heap cannot be visited ({exc})"
-        return {"heap": used}, committed, None
+        return parts, committed, None
     global _jemalloc
     jemalloc = None
     if name == "jemalloc":
@@ -402,6 +514,7 @@ class _Point:
     pymalloc: tuple[int, int] | None
     threads: int
     tcache: int | None = None  # glibc: bytes in this thread's tcache (counted in "heap")
+    mimalloc: Any = None  # mimalloc: what _Mimalloc.read kept, to recompute parts at the end
 
 
 def _point(alloc: str, traced: bool, tcache: bool = False) -> _Point:
@@ -422,6 +535,7 @@ def _point(alloc: str, traced: bool, tcache: bool = False) -> _Point:
         pymalloc=_pymalloc(),
         threads=_threads(),
         tcache=held,
+        mimalloc=_mimalloc.last if alloc == "mimalloc" and _mimalloc is not None else None,
     )
 
 
@@ -967,19 +1081,53 @@ def _judge(series: list[int], threshold: int) -> tuple[int, int]:
     return steady, total - steady
 
 
-def _net_parts(p: _Point, base: _Point, explained: int) -> dict[str, int]:
-    """Growth of each in-use part since ``base``, the part of it that Python allocations and
-    tracemalloc explain taken from the parts that grew, largest first (nothing is counted
-    twice, and a shrinking part does not hide a growing one)."""
+def _net_parts(
+    p: _Point,
+    base: _Point,
+    explained: int,
+    python: int = 0,
+    shares: dict[str, float] | None = None,
+) -> dict[str, int]:
+    """Growth of each in-use part since ``base``, less what Python allocations and tracemalloc
+    explain (``explained`` bytes, taken from the parts that grew, largest first: nothing is
+    counted twice, and a shrinking part does not hide a growing one). With ``shares`` (the
+    fraction of the traced growth in each part's block sizes), the ``python`` bytes are taken
+    from their own parts only, then the rest of ``explained`` largest first."""
     grown = {k: (p.parts or {}).get(k, 0) - v for k, v in (base.parts or {}).items()}
     if "heap" in grown and p.tcache is not None and base.tcache is not None:
         grown["heap"] -= p.tcache - base.tcache  # freed chunks the tcache holds: not in use
     net = dict(grown)
-    for key in sorted(grown, key=lambda k: -grown[k]):
-        take = min(max(grown[key], 0), explained)
+    if shares:
+        for key, share in shares.items():
+            take = min(max(net.get(key, 0), 0), int(python * share))
+            if key in net:
+                net[key] -= take
+        explained -= python
+    for key in sorted(net, key=lambda k: -net[k]):
+        take = min(max(net[key], 0), max(explained, 0))
         net[key] -= take
         explained -= take
     return net
+
+
+def _size_shares(
+    after: tracemalloc.Snapshot | None, before: tracemalloc.Snapshot | None, limit: int
+) -> dict[str, float] | None:
+    """Fractions of the traced growth in blocks of at most ``limit`` bytes ("small") and
+    above ("large"), or None when nothing grew."""
+    if after is None or before is None:
+        return None
+    small = large = 0
+    for sign, snap in ((1, after), (-1, before)):
+        for trace in snap.traces:
+            if trace.size <= limit:
+                small += sign * trace.size
+            else:
+                large += sign * trace.size
+    small, large = max(small, 0), max(large, 0)
+    if small + large <= 0:
+        return None
+    return {"small": small / (small + large), "large": large / (small + large)}
 
 
 def _clip(value: int | None) -> int:
@@ -1076,6 +1224,12 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
     result = trim()
     after_trim = stats()
     after_parts, after_owned, _ = _heap(alloc)
+    if alloc == "mimalloc" and _mimalloc is not None and after_parts is not None:
+        # Mappings found late hold mimalloc's memory at every point: recompute with all of them.
+        for p in {id(p): p for p in [before.baseline, *points]}.values():
+            if p.mimalloc is not None:
+                p.parts, p.owned = _mimalloc.parts(p.mimalloc)
+        after_parts, after_owned = _mimalloc.parts(_mimalloc.last)
     after_pymalloc = _pymalloc()
     if before.started_tracing and tracemalloc.is_tracing():
         tracemalloc.stop()
@@ -1126,18 +1280,52 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
     if base.parts is not None and all(p.parts is not None for p in points):
         native_leak = 0
         in_use_growth = sum(end.parts.values()) - sum(base.parts.values())  # type: ignore[union-attr]
-        nets = [_net_parts(p, base, python_in_malloc(p) + own_growth(p)) for p in points]
+        # Where the allocator splits blocks by size, Python's share is taken from the parts
+        # of its blocks' sizes (the sizes of the traced growth at the end).
+        limit = {"jemalloc": _JEMALLOC_SMALL, "mimalloc": _Mimalloc._SMALL}.get(alloc)
+        shares = None
+        if limit is not None and {"small", "large"} <= set(base.parts):
+            shares = _size_shares(tm_after, before._tracemalloc, limit)
+
+        def net(p: _Point) -> dict[str, int]:
+            python = python_in_malloc(p)
+            return _net_parts(p, base, python + own_growth(p), python, shares)
+
+        nets = [net(p) for p in points]
+        kept = None
+        if any(k.startswith("resident") for k in base.parts) and after_parts is not None:
+            # Footprints (mimalloc), not bytes in use: what the trim gave back was free.
+            after = dataclasses.replace(end, parts=after_parts, tcache=None)
+            python = python_in_malloc(end)
+            kept = _net_parts(after, base, python + own_growth(end), python, shares)
         for part in base.parts:
             name = f"native {part}" if len(base.parts) > 1 else "native"
             series[name] = [net[part] for net in nets]
             thresholds[name] = threshold((jit.parts or {}).get(part))
+            if part.startswith("resident"):
+                # A footprint moves with page acquisition: a coarser threshold, and growth
+                # must go on in the second half of the iterations.
+                thresholds[name] = max(thresholds[name], _FOOTPRINT_FACTOR * floor)
             steady, once = _judge(series[name], thresholds[name])
+            values = series[name]
+            late = values[-1] - values[(len(values) - 1) // 2]
+            if part.startswith("resident") and len(values) > 2 and late < thresholds[name] / 2:
+                steady, once = 0, once + steady
+            if kept is not None and part.startswith("resident"):
+                left = max(kept[part], 0)
+                steady = min(steady, left) if min(steady, left) >= thresholds[name] else 0
+                once = min(once, max(left - steady, 0))
             native_leak += steady
             native_once += once
-        if alloc == "mimalloc":
+        if alloc == "mimalloc" and "small" in base.parts:
             notes.append(
-                "mimalloc: native bytes are those of this thread's heap; another thread's "
+                "mimalloc 2: native bytes are those of this thread's heap; another thread's "
                 "leak shows as memory outside malloc"
+            )
+        elif alloc == "mimalloc":
+            notes.append(
+                "mimalloc 3: its bytes in use cannot be read; the native figure is the resident"
+                " memory of its mappings (all threads) that stays after the trim"
             )
     elif reason is None:
         reason = f"the {alloc} allocator's in-use bytes could not be read"
