@@ -505,3 +505,30 @@ def test_abandoned_snapshot_stops_its_sampler() -> None:
         assert not any(t.name == "memreclaim-sampler" for t in threading.enumerate())
     finally:
         tracemalloc.stop()
+
+
+@pytest.mark.timeout(600)
+def test_trace_false_judges_native_without_tracemalloc() -> None:
+    # The cheap mode: no tracemalloc at all; the native leak is still found, the Python part is
+    # None with the reason, and tracing is never switched on.
+    r = run_report(
+        """
+        import tracemalloc
+        def work():
+            assert not tracemalloc.is_tracing()
+            p = libc.malloc(1 << 20)
+            ctypes.memset(p, 1, 1 << 20)
+        report = measure(work, repeat=4, warmup=1, trace=False)
+        """
+    )
+    assert r["kind"] == "native_leak", r["text"]
+    assert 0.8 * 4 * MiB <= r["native_leak"] <= 1.2 * 4 * MiB, r["text"]
+    assert r["python_leak"] is None
+    assert "trace=False" in r["python_reason"]
+    assert r["slowdown"] is None and r["top_sites"] == []
+
+
+def test_trace_flag_is_validated() -> None:
+    with pytest.raises(TypeError, match="trace"):
+        measure(lambda: None, trace="no")  # type: ignore[arg-type]
+    assert not tracemalloc.is_tracing()

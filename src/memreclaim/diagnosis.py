@@ -838,6 +838,8 @@ class Report:
     thresholds: dict[str, int] = field(default_factory=dict)
     slowdown: float | None = None
     frames: int = 1
+    #: Why ``python_leak`` is None (tracemalloc off: ``trace=False``), else None.
+    python_reason: str | None = None
 
     def components(self) -> dict[str, int]:
         """The measured components (missing ones as 0): leaks first, each group largest first,
@@ -1249,12 +1251,17 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
 
     # Python: traced bytes.
     python_leak: int | None = None
+    python_reason: str | None = None
     python_once = 0
     if traced and all(p.traced is not None for p in points) and base.traced is not None:
         series["python"] = [(p.traced or 0) - base.traced for p in points]
         thresholds["python"] = threshold(jit.traced)
         python_leak, python_once = _judge(series["python"], thresholds["python"])
     else:
+        python_reason = (
+            "tracemalloc was off (trace=False): Python objects are not told apart; those"
+            " malloc'd (over 512 bytes) count in the native series, small ones in pymalloc's arenas"
+        )
         notes.append(
             "tracemalloc was off: Python and native growth cannot be told apart; "
             "'native leak' holds all allocator in-use growth"
@@ -1482,6 +1489,7 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
         thresholds=thresholds,
         slowdown=slowdown,
         frames=before.frames,
+        python_reason=python_reason,
     )
 
 
@@ -1558,6 +1566,12 @@ def measure(
     reported as ``one_time``, not as a leak. The warm-up runs untraced and timed, so the report
     says how much slower tracemalloc made the measured runs. Bad arguments raise
     TypeError/ValueError before anything runs; tracemalloc is restored on every path.
+
+    Cost: ``frames`` (default 8) is the traceback depth of the allocation sites; ``frames=1``
+    is cheaper. ``trace=False`` runs without tracemalloc (the workload at full speed): the
+    native, outside-malloc and retention components are judged, ``python_leak`` is None with
+    the reason in ``Report.python_reason``, and Python objects over 512 bytes count in the
+    native series.
     """
     _check_measure(workload, repeat, warmup, noise_floor, top, frames)
     _validate.flag("trace", trace)
