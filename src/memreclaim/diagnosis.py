@@ -47,6 +47,7 @@ import ctypes
 import dataclasses
 import gc
 import inspect
+import itertools
 import os
 import re
 import threading
@@ -128,17 +129,22 @@ class _Mimalloc:
     )
 
     def __init__(self) -> None:
+        from ._core import allocator_version
+
         lib = ctypes.CDLL(None)
-        version = lib.mi_version  # AttributeError when absent
-        version.restype = ctypes.c_int
-        version.argtypes = []
-        self.version = int(version())
-        self._backing = lib.mi_heap_get_backing
-        self._backing.restype = ctypes.c_void_p
-        self._backing.argtypes = []
-        self._visit = lib.mi_heap_visit_blocks
-        self._visit.restype = ctypes.c_bool
-        self._visit.argtypes = [ctypes.c_void_p, ctypes.c_bool, self._VISIT, ctypes.c_void_p]
+        version = allocator_version() or "0"
+        self.major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+        # 3.6 no longer exports mi_heap_get_backing: the visit is optional from 3.x on.
+        self._backing = getattr(lib, "mi_heap_get_backing", None)
+        self._visit = getattr(lib, "mi_heap_visit_blocks", None)
+        if self._backing is None or self._visit is None:
+            if not self.footprint:
+                raise AttributeError("mi_heap_get_backing/mi_heap_visit_blocks are not exported")
+        else:
+            self._backing.restype = ctypes.c_void_p
+            self._backing.argtypes = []
+            self._visit.restype = ctypes.c_bool
+            self._visit.argtypes = [ctypes.c_void_p, ctypes.c_bool, self._VISIT, ctypes.c_void_p]
 
         self._malloc = lib.malloc
         self._malloc.restype = ctypes.c_void_p
@@ -159,7 +165,7 @@ class _Mimalloc:
     @property
     def footprint(self) -> bool:
         """Whether the figure is resident bytes (3.x) rather than bytes in use."""
-        return self.version >= 300
+        return self.major >= 3
 
     def _maps(self) -> tuple[tuple[int, int, int], ...]:
         """(start, end, resident bytes) of each anonymous mapping, after probing: a few blocks
@@ -171,7 +177,8 @@ class _Mimalloc:
             if block:
                 self._probes.add(block)
                 self._free(block)
-        self._visit(self._backing(), False, self._VISIT(self._probe), None)
+        if self._visit is not None and self._backing is not None:
+            self._visit(self._backing(), False, self._VISIT(self._probe), None)
         maps: list[tuple[int, int, int]] = []
         anonymous = False
         with open("/proc/self/smaps", "rb") as smaps:
@@ -213,10 +220,9 @@ class _Mimalloc:
     def read(self) -> tuple[dict[str, int], int]:
         """(in-use bytes per part, owned bytes); :attr:`last` keeps what :meth:`parts` needs to
         recompute them once every mapping is known."""
-        maps: tuple[tuple[int, int, int], ...] = ()
         if self.footprint:
             self._collect(True)  # freed pages are purged now, not after a delay
-            maps = self._maps()
+        maps = self._maps()
         committed = 0
         small_large = None
         if not self.footprint:
@@ -229,7 +235,8 @@ class _Mimalloc:
                 totals["committed"] += a.committed
                 return True
 
-            self._visit(self._backing(), False, self._VISIT(area), None)
+            if self._visit is not None and self._backing is not None:
+                self._visit(self._backing(), False, self._VISIT(area), None)
             committed = totals["committed"]
             small_large = (totals["small"], totals["large"])
         self.last = (maps, committed, small_large)
@@ -1310,13 +1317,18 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
             series[name] = [net[part] for net in nets]
             thresholds[name] = threshold((jit.parts or {}).get(part))
             if part.startswith("resident"):
-                # A footprint moves with page acquisition: a coarser threshold, and growth
-                # must go on in the second half of the iterations.
+                # A footprint moves with page acquisition: a coarser threshold, growth must
+                # go on in the second half, and rise at least twice between iterations.
                 thresholds[name] = max(thresholds[name], _FOOTPRINT_FACTOR * floor)
             steady, once = _judge(series[name], thresholds[name])
             values = series[name]
             late = values[-1] - values[(len(values) - 1) // 2]
-            if part.startswith("resident") and len(values) > 2 and late < thresholds[name] / 2:
+            rises = sum(b - a >= thresholds[name] / 4 for a, b in itertools.pairwise(values))
+            if (
+                part.startswith("resident")
+                and len(values) > 2
+                and (late < thresholds[name] / 2 or rises < 2)
+            ):
                 steady, once = 0, once + steady
             if kept is not None and part.startswith("resident"):
                 left = max(kept[part], 0)
@@ -1381,6 +1393,24 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
         private_leak = min(private_leak, max(left, 0))
         if private_leak < thresholds["outside malloc"]:
             private_leak = 0
+    other_threads = 0  # native leak moved from outside malloc (mimalloc 2's other threads)
+    if private_leak and alloc == "mimalloc" and _mimalloc is not None and native_leak is not None:
+        # mimalloc 2: another thread's heap cannot be visited; growth outside this thread's
+        # pages that lies in mimalloc's own mappings is that heap's: a native leak.
+        raws = [p.mimalloc for p in [base, *points]]
+        if all(r is not None and r[0] for r in raws):
+            held = [_mimalloc.resident(r[0]) for r in raws]
+            inside = [h - held[0] for h in held[1:]]
+            series["native, other threads"] = inside
+            moved = min(_judge(inside, thresholds["outside malloc"])[0], private_leak)
+            if moved >= thresholds["outside malloc"]:
+                native_leak += moved
+                private_leak -= moved
+                other_threads = moved
+                notes.append(
+                    f"{format_bytes(moved)} grew in mimalloc's mappings outside this thread's"
+                    " heap: another thread's native leak"
+                )
     # Shared memory is judged under every allocator; private mappings need the allocator's
     # figures (with an unknown allocator they cannot be told from malloc's: native_reason).
     mapped_leak = (private_leak or 0) + shmem_leak
@@ -1410,6 +1440,7 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
     if after_parts is not None and base.parts is not None:
         # What the allocator holds in use and pymalloc's arenas, from their own figures.
         live = sum(after_parts.values()) - sum(base.parts.values()) + (private_leak or 0)
+        live += other_threads
         live += arenas(after_pymalloc) if after_pymalloc is not None else _clip(traced_growth)
     else:
         live = _clip(traced_growth) + native_total + own + (private_leak or 0)
