@@ -127,6 +127,32 @@ def test_native_leak_fails_though_tracemalloc_saw_nothing(pytester: pytest.Pytes
 
 
 @pytest.mark.timeout(600)
+def test_fixture_measures_without_tracemalloc(pytester: pytest.Pytester) -> None:
+    # memory.measure(trace=False): the cheap mode still fails on a native leak, and says the
+    # Python component was not measured.
+    make(
+        pytester,
+        """
+        import tracemalloc
+        def test_native(memory):
+            def work():
+                assert not tracemalloc.is_tracing()
+                p = libc.malloc(1 << 20)
+                ctypes.memset(p, 1, 1 << 20)
+            memory.measure(work, repeat=3, leak="512 KiB", trace=False)
+        """,
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*leaked * per run (native, malloc), over the 512.0 KiB limit*",
+            "*note: tracemalloc was off*",
+        ]
+    )
+
+
+@pytest.mark.timeout(600)
 def test_allocator_retention_passes_and_is_reported(pytester: pytest.Pytester) -> None:
     make(
         pytester,

@@ -44,8 +44,10 @@ memory, retention) and the native components are ``None`` with the reason in
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import gc
 import inspect
+import itertools
 import os
 import re
 import threading
@@ -75,6 +77,8 @@ DEFAULT_FRAMES = 8
 _JITTER_FACTOR = 8  # a component's threshold is at least this many times its measured jitter
 _MARGIN_GLIBC = 0.06  # uncertainty of the malloc-side cost of traced allocations
 _MARGIN_OTHER = 0.25  # size classes of jemalloc/tcmalloc/mimalloc round more
+_JEMALLOC_SMALL = 14 * 1024  # jemalloc's largest small size class (SC_SMALL_MAXCLASS)
+_FOOTPRINT_FACTOR = 4  # resident footprints (mimalloc): threshold at least 4x the noise floor
 _MIN_SITE = 1024  # allocation sites that gained less are not listed
 _CALIBRATION_OBJECTS = 4000  # small: calibration must not raise the peak RSS (VmHWM)
 
@@ -94,8 +98,17 @@ RETENTION_KINDS = ("allocator_retention", "pymalloc_retention", "unreclaimed_ret
 
 
 class _Mimalloc:
-    """In-use and committed bytes of the calling thread's mimalloc heap (``mi_heap_visit_blocks``
-    over its pages: mimalloc's process-wide figures move in 32 MiB steps, useless here)."""
+    """mimalloc's figures.
+
+    2.x: the in-use bytes of the calling thread's heap, summed page by page with
+    ``mi_heap_visit_blocks`` and split into small (blocks up to 64 KiB) and large blocks, so that
+    small frees do not net a large leak; the process-wide figures of 2.x move in 32 MiB steps.
+    3.x: the visit no longer sees full pages (they leave the heap's queues), so the in-use bytes
+    cannot be read, and its committed bytes run ahead of use; the resident bytes of its mappings
+    (all threads, from /proc/self/smaps) stand in for them: a footprint, confirmed after the
+    trim (``mi_collect``)."""
+
+    _SMALL = 64 * 1024
 
     class _Area(ctypes.Structure):
         _fields_ = [
@@ -116,28 +129,232 @@ class _Mimalloc:
     )
 
     def __init__(self) -> None:
+        from ._core import allocator_version
+
         lib = ctypes.CDLL(None)
-        self._backing = lib.mi_heap_get_backing  # AttributeError when absent
-        self._backing.restype = ctypes.c_void_p
-        self._backing.argtypes = []
-        self._visit = lib.mi_heap_visit_blocks
-        self._visit.restype = ctypes.c_bool
-        self._visit.argtypes = [ctypes.c_void_p, ctypes.c_bool, self._VISIT, ctypes.c_void_p]
+        version = allocator_version() or "0"
+        self.major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+        # 3.6 no longer exports mi_heap_get_backing: the visit is optional from 3.x on.
+        self._backing = getattr(lib, "mi_heap_get_backing", None)
+        self._visit = getattr(lib, "mi_heap_visit_blocks", None)
+        if self._backing is None or self._visit is None:
+            if not self.footprint:
+                raise AttributeError("mi_heap_get_backing/mi_heap_visit_blocks are not exported")
+        else:
+            self._backing.restype = ctypes.c_void_p
+            self._backing.argtypes = []
+            self._visit.restype = ctypes.c_bool
+            self._visit.argtypes = [ctypes.c_void_p, ctypes.c_bool, self._VISIT, ctypes.c_void_p]
 
-    def read(self) -> tuple[int, int]:
-        totals = [0, 0]
+        self._malloc = lib.malloc
+        self._malloc.restype = ctypes.c_void_p
+        self._malloc.argtypes = [ctypes.c_size_t]
+        self._free = lib.free
+        self._free.restype = None
+        self._free.argtypes = [ctypes.c_void_p]
+        self._collect = lib.mi_collect
+        self._collect.restype = None
+        self._collect.argtypes = [ctypes.c_bool]
+        self._probes: set[int] = set()  # addresses known to lie in mimalloc's mappings
+        self.last: tuple[tuple[tuple[int, int, int], ...], int, tuple[int, int] | None] = (
+            (),
+            0,
+            None,
+        )
 
-        def area(_heap: int, info: Any, _block: int, _size: int, _arg: int) -> bool:
-            a = info.contents
-            totals[0] += a.used * a.block_size
-            totals[1] += a.committed
-            return True
+    @property
+    def footprint(self) -> bool:
+        """Whether the figure is resident bytes (3.x) rather than bytes in use."""
+        return self.major >= 3
 
-        self._visit(self._backing(), False, self._VISIT(area), None)
-        return totals[0], totals[1]
+    def _maps(self) -> tuple[tuple[int, int, int], ...]:
+        """(start, end, resident bytes) of each anonymous mapping, after probing: a few blocks
+        are malloc'd and freed, and this thread's pages visited, to learn which mappings hold
+        mimalloc's memory (:meth:`resident` decides with every address learnt so far, so a
+        mapping found late also counts at the points read before)."""
+        for size in (64, 16 * 1024, 1 << 20):
+            block = self._malloc(size)
+            if block:
+                self._probes.add(block)
+                self._free(block)
+        if self._visit is not None and self._backing is not None:
+            self._visit(self._backing(), False, self._VISIT(self._probe), None)
+        maps: list[tuple[int, int, int]] = []
+        anonymous = False
+        with open("/proc/self/smaps", "rb") as smaps:
+            for line in smaps:
+                head = line.split(b" ", 1)[0]
+                if b"-" in head and not head.endswith(b":"):
+                    anonymous = len(line.split()) < 6
+                    if anonymous:
+                        low, high = (int(x, 16) for x in head.split(b"-"))
+                        maps.append((low, high, 0))
+                elif anonymous and line.startswith(b"Rss:"):
+                    low, high, _ = maps[-1]
+                    maps[-1] = (low, high, int(line.split()[1]) * 1024)
+        return tuple(maps)
+
+    def resident(self, maps: tuple[tuple[int, int, int], ...]) -> int:
+        """Resident bytes of mimalloc's mappings among ``maps``: those that hold a known
+        address, and the anonymous mappings contiguous with them (one reservation, split by
+        its commits)."""
+        total = 0
+        run: list[tuple[int, int, int]] = []
+
+        def close() -> int:
+            hit = any(low <= a < high for low, high, _ in run for a in self._probes)
+            return sum(rss for _, _, rss in run) if hit else 0
+
+        for entry in sorted(maps):
+            if run and run[-1][1] != entry[0]:
+                total += close()
+                run = []
+            run.append(entry)
+        return total + (close() if run else 0)
+
+    def _probe(self, _heap: int, info: Any, _block: int, _size: int, _arg: int) -> bool:
+        if info.contents.blocks:
+            self._probes.add(info.contents.blocks)
+        return len(self._probes) < 4096
+
+    def read(self) -> tuple[dict[str, int], int]:
+        """(in-use bytes per part, owned bytes); :attr:`last` keeps what :meth:`parts` needs to
+        recompute them once every mapping is known."""
+        if self.footprint:
+            self._collect(True)  # freed pages are purged now, not after a delay
+        maps = self._maps()
+        committed = 0
+        small_large = None
+        if not self.footprint:
+            totals = {"small": 0, "large": 0, "committed": 0}
+
+            def area(_heap: int, info: Any, _block: int, _size: int, _arg: int) -> bool:
+                a = info.contents
+                kind = "small" if a.block_size <= self._SMALL else "large"
+                totals[kind] += a.used * a.block_size
+                totals["committed"] += a.committed
+                return True
+
+            if self._visit is not None and self._backing is not None:
+                self._visit(self._backing(), False, self._VISIT(area), None)
+            committed = totals["committed"]
+            small_large = (totals["small"], totals["large"])
+        self.last = (maps, committed, small_large)
+        return self.parts(self.last)
+
+    def parts(
+        self, raw: tuple[tuple[tuple[int, int, int], ...], int, tuple[int, int] | None]
+    ) -> tuple[dict[str, int], int]:
+        """(parts, owned bytes) from what :meth:`read` kept, with every address known now."""
+        maps, committed, small_large = raw
+        if small_large is None:
+            resident = self.resident(maps)
+            return {"resident": resident}, resident
+        # 2.x: other threads' heaps cannot be visited, and the resident memory of its mappings
+        # does not tell them from this thread's freed segments (2.x keeps them after a
+        # collect): memory another thread mallocs shows as memory outside malloc.
+        return {"small": small_large[0], "large": small_large[1]}, committed
 
 
 _mimalloc: _Mimalloc | None = None
+
+
+class _Jemalloc:
+    """jemalloc's in-use bytes split into small (slab) and large (extent) allocations, read after
+    flushing the calling thread's cache (jemalloc counts cached blocks as allocated: without the
+    flush the figure moves by whatever the cache happens to hold)."""
+
+    _ALL = 4096  # MALLCTL_ARENAS_ALL
+
+    def __init__(self) -> None:
+        self._ctl = ctypes.CDLL(None).mallctl  # AttributeError when absent
+        self._ctl.restype = ctypes.c_int
+        self._ctl.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+        ]
+
+    def flush(self) -> None:
+        self._ctl(b"thread.tcache.flush", None, None, None, 0)  # fails only without a tcache
+
+    def parts(self) -> dict[str, int] | None:
+        """{"small": ..., "large": ...} from the statistics of the current epoch."""
+        out = {}
+        for part in ("small", "large"):
+            value = ctypes.c_size_t()
+            size = ctypes.c_size_t(ctypes.sizeof(value))
+            name = f"stats.arenas.{self._ALL}.{part}.allocated".encode()
+            if self._ctl(name, ctypes.byref(value), ctypes.byref(size), None, 0) != 0:
+                return None
+            out[part] = value.value
+        return out
+
+
+class _Mallinfo2(ctypes.Structure):
+    _NAMES = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
+    _fields_ = [(name, ctypes.c_size_t) for name in (*_NAMES, "uordblks", "fordblks", "keepcost")]
+
+
+class _GlibcTcache:
+    """Bytes held by the calling thread's tcache. glibc counts them as in use (``uordblks``):
+    since 2.42 a thread's tcache holds up to 16 freed chunks of each size up to 1 KiB (~0.5 MiB,
+    was 7: ~0.2 MiB), enough to pass for a native leak of a single shot.
+
+    Read by taking the chunks out of each tcache bin (``malloc``) until one comes from the arena
+    (``uordblks`` moves), then freeing them all: the tcache ends as full as it was, plus what
+    the probe itself put back (counted in the result)."""
+
+    _BINS = 64  # tcache bins of chunks of 32..1040 bytes (glibc's default tcache_max)
+    _MAX_PER_BIN = 1024  # glibc.malloc.tcache_count is at most 65535; 16 by default
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL(None)
+        self._info = lib.mallinfo2  # AttributeError before glibc 2.33
+        self._info.restype = _Mallinfo2
+        self._info.argtypes = []
+        self._malloc = lib.malloc
+        self._malloc.restype = ctypes.c_void_p
+        self._malloc.argtypes = [ctypes.c_size_t]
+        self._free = lib.free
+        self._free.restype = None
+        self._free.argtypes = [ctypes.c_void_p]
+
+    def read(self) -> int:
+        start = self._info().uordblks
+        held = 0
+        taken = (ctypes.c_void_p * (self._MAX_PER_BIN + 1))()
+        for index in range(self._BINS):
+            chunk = 32 + 16 * index
+            used = self._info().uordblks
+            count = 0
+            while count <= self._MAX_PER_BIN:
+                taken[count] = self._malloc(chunk - 8)
+                count += 1
+                if not taken[count - 1] or self._info().uordblks != used:
+                    break
+                held += chunk
+            for i in range(count - 1, -1, -1):
+                if taken[i]:
+                    self._free(taken[i])
+        return int(held + self._info().uordblks - start)
+
+
+_jemalloc: _Jemalloc | None = None
+_tcache: _GlibcTcache | None = None
+
+
+def _glibc_tcache() -> int | None:
+    """Bytes in the calling thread's glibc tcache, or None when they cannot be read."""
+    global _tcache
+    try:
+        if _tcache is None:
+            _tcache = _GlibcTcache()
+        return _tcache.read()
+    except (AttributeError, OSError):
+        return None
 
 
 def _heap(name: str) -> tuple[dict[str, int] | None, int | None, str | None]:
@@ -147,19 +364,30 @@ def _heap(name: str) -> tuple[dict[str, int] | None, int | None, str | None]:
         try:
             if _mimalloc is None:
                 _mimalloc = _Mimalloc()
-            used, committed = _mimalloc.read()
+            parts, committed = _mimalloc.read()
         except (AttributeError, OSError) as exc:
             return None, None, f"mimalloc's heap cannot be visited ({exc})"
-        return {"heap": used}, committed, None
+        return parts, committed, None
+    global _jemalloc
+    jemalloc = None
+    if name == "jemalloc":
+        try:
+            if _jemalloc is None:
+                _jemalloc = _Jemalloc()
+            jemalloc = _jemalloc
+            jemalloc.flush()
+        except (AttributeError, OSError):
+            jemalloc = None
     try:
-        figures = heap_stats().figures
+        figures = heap_stats().figures  # jemalloc: a new epoch, after the flush
     except UnsupportedAllocatorError as exc:
         return None, None, f"the {name} allocator reports no in-use bytes ({exc})"
     if name == "glibc":
         parts = {"heap": figures["uordblks"], "mmapped": figures["hblkhd"]}
         return parts, figures["arena"] + figures["hblkhd"], None
     if name == "jemalloc":
-        return {"allocated": figures["allocated"]}, figures["resident"], None
+        split = jemalloc.parts() if jemalloc is not None else None
+        return split or {"allocated": figures["allocated"]}, figures["resident"], None
     if name == "tcmalloc":
         owned = figures["heap_size"] - figures.get("pageheap_unmapped_bytes", 0)
         return {"allocated": figures["current_allocated_bytes"]}, owned, None
@@ -292,10 +520,16 @@ class _Point:
     shmem: int | None
     pymalloc: tuple[int, int] | None
     threads: int
+    tcache: int | None = None  # glibc: bytes in this thread's tcache (counted in "heap")
+    mimalloc: Any = None  # mimalloc: what _Mimalloc.read kept, to recompute parts at the end
 
 
-def _point(alloc: str, traced: bool) -> _Point:
+def _point(alloc: str, traced: bool, tcache: bool = False) -> _Point:
+    """Read every component (after ``gc.collect()``). ``tcache``: also read glibc's tcache
+    (tenths of a second on a fragmented heap: at the baseline and a single shot's end only;
+    over repeated iterations its one-time fill is not steady growth)."""
     gc.collect()
+    held = _glibc_tcache() if tcache and alloc == "glibc" else None
     parts, owned, _ = _heap(alloc)
     st = stats()
     return _Point(
@@ -307,6 +541,8 @@ def _point(alloc: str, traced: bool) -> _Point:
         shmem=st.rss_shmem,
         pymalloc=_pymalloc(),
         threads=_threads(),
+        tcache=held,
+        mimalloc=_mimalloc.last if alloc == "mimalloc" and _mimalloc is not None else None,
     )
 
 
@@ -495,8 +731,8 @@ def snapshot(
         released = trim().released if trim_first else None
         sampler = _OwnPeak() if traced else None  # started first: its allocations predate base
         tm_snap = tracemalloc.take_snapshot() if traced else None
-        base = _point(alloc, traced)
-        again = _point(alloc, traced)  # read twice: each component's jitter
+        base = _point(alloc, traced, tcache=True)
+        again = _point(alloc, traced, tcache=True)  # read twice: each component's jitter
         reason = _heap(alloc)[2]
         return Snapshot(
             allocator=alloc,
@@ -535,6 +771,7 @@ def _diff_points(b: _Point, a: _Point) -> _Point:
         shmem=d(b.shmem, a.shmem),
         pymalloc=None,
         threads=abs(b.threads - a.threads),
+        tcache=d(b.tcache, a.tcache),
     )
 
 
@@ -608,6 +845,8 @@ class Report:
     thresholds: dict[str, int] = field(default_factory=dict)
     slowdown: float | None = None
     frames: int = 1
+    #: Why ``python_leak`` is None (tracemalloc off: ``trace=False``), else None.
+    python_reason: str | None = None
 
     def components(self) -> dict[str, int]:
         """The measured components (missing ones as 0): leaks first, each group largest first,
@@ -851,17 +1090,53 @@ def _judge(series: list[int], threshold: int) -> tuple[int, int]:
     return steady, total - steady
 
 
-def _net_parts(p: _Point, base: _Point, explained: int) -> dict[str, int]:
-    """Growth of each in-use part since ``base``, the part of it that Python allocations and
-    tracemalloc explain taken from the parts that grew, largest first (nothing is counted
-    twice, and a shrinking part does not hide a growing one)."""
+def _net_parts(
+    p: _Point,
+    base: _Point,
+    explained: int,
+    python: int = 0,
+    shares: dict[str, float] | None = None,
+) -> dict[str, int]:
+    """Growth of each in-use part since ``base``, less what Python allocations and tracemalloc
+    explain (``explained`` bytes, taken from the parts that grew, largest first: nothing is
+    counted twice, and a shrinking part does not hide a growing one). With ``shares`` (the
+    fraction of the traced growth in each part's block sizes), the ``python`` bytes are taken
+    from their own parts only, then the rest of ``explained`` largest first."""
     grown = {k: (p.parts or {}).get(k, 0) - v for k, v in (base.parts or {}).items()}
+    if "heap" in grown and p.tcache is not None and base.tcache is not None:
+        grown["heap"] -= p.tcache - base.tcache  # freed chunks the tcache holds: not in use
     net = dict(grown)
-    for key in sorted(grown, key=lambda k: -grown[k]):
-        take = min(max(grown[key], 0), explained)
+    if shares:
+        for key, share in shares.items():
+            take = min(max(net.get(key, 0), 0), int(python * share))
+            if key in net:
+                net[key] -= take
+        explained -= python
+    for key in sorted(net, key=lambda k: -net[k]):
+        take = min(max(net[key], 0), max(explained, 0))
         net[key] -= take
         explained -= take
     return net
+
+
+def _size_shares(
+    after: tracemalloc.Snapshot | None, before: tracemalloc.Snapshot | None, limit: int
+) -> dict[str, float] | None:
+    """Fractions of the traced growth in blocks of at most ``limit`` bytes ("small") and
+    above ("large"), or None when nothing grew."""
+    if after is None or before is None:
+        return None
+    small = large = 0
+    for sign, snap in ((1, after), (-1, before)):
+        for trace in snap.traces:
+            if trace.size <= limit:
+                small += sign * trace.size
+            else:
+                large += sign * trace.size
+    small, large = max(small, 0), max(large, 0)
+    if small + large <= 0:
+        return None
+    return {"small": small / (small + large), "large": large / (small + large)}
 
 
 def _clip(value: int | None) -> int:
@@ -951,13 +1226,19 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
     before._sampler = None
     n = iterations if iterations is not None else max(len(before.checkpoints), 1)
     complete = len(before.checkpoints) == n
-    points = list(before.checkpoints) if complete else [_point(alloc, traced)]
+    points = list(before.checkpoints) if complete else [_point(alloc, traced, tcache=True)]
     end = points[-1]
     tm_after = tracemalloc.take_snapshot() if traced else None
     ntraces_after = len(tm_after.traces) if tm_after is not None else 0
     result = trim()
     after_trim = stats()
     after_parts, after_owned, _ = _heap(alloc)
+    if alloc == "mimalloc" and _mimalloc is not None and after_parts is not None:
+        # Mappings found late hold mimalloc's memory at every point: recompute with all of them.
+        for p in {id(p): p for p in [before.baseline, *points]}.values():
+            if p.mimalloc is not None:
+                p.parts, p.owned = _mimalloc.parts(p.mimalloc)
+        after_parts, after_owned = _mimalloc.parts(_mimalloc.last)
     after_pymalloc = _pymalloc()
     if before.started_tracing and tracemalloc.is_tracing():
         tracemalloc.stop()
@@ -977,12 +1258,17 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
 
     # Python: traced bytes.
     python_leak: int | None = None
+    python_reason: str | None = None
     python_once = 0
     if traced and all(p.traced is not None for p in points) and base.traced is not None:
         series["python"] = [(p.traced or 0) - base.traced for p in points]
         thresholds["python"] = threshold(jit.traced)
         python_leak, python_once = _judge(series["python"], thresholds["python"])
     else:
+        python_reason = (
+            "tracemalloc was off (trace=False): Python objects are not told apart; those"
+            " malloc'd (over 512 bytes) count in the native series, small ones in pymalloc's arenas"
+        )
         notes.append(
             "tracemalloc was off: Python and native growth cannot be told apart; "
             "'native leak' holds all allocator in-use growth"
@@ -1008,18 +1294,57 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
     if base.parts is not None and all(p.parts is not None for p in points):
         native_leak = 0
         in_use_growth = sum(end.parts.values()) - sum(base.parts.values())  # type: ignore[union-attr]
-        nets = [_net_parts(p, base, python_in_malloc(p) + own_growth(p)) for p in points]
+        # Where the allocator splits blocks by size, Python's share is taken from the parts
+        # of its blocks' sizes (the sizes of the traced growth at the end).
+        limit = {"jemalloc": _JEMALLOC_SMALL, "mimalloc": _Mimalloc._SMALL}.get(alloc)
+        shares = None
+        if limit is not None and {"small", "large"} <= set(base.parts):
+            shares = _size_shares(tm_after, before._tracemalloc, limit)
+
+        def net(p: _Point) -> dict[str, int]:
+            python = python_in_malloc(p)
+            return _net_parts(p, base, python + own_growth(p), python, shares)
+
+        nets = [net(p) for p in points]
+        kept = None
+        if any(k.startswith("resident") for k in base.parts) and after_parts is not None:
+            # Footprints (mimalloc), not bytes in use: what the trim gave back was free.
+            after = dataclasses.replace(end, parts=after_parts, tcache=None)
+            python = python_in_malloc(end)
+            kept = _net_parts(after, base, python + own_growth(end), python, shares)
         for part in base.parts:
             name = f"native {part}" if len(base.parts) > 1 else "native"
             series[name] = [net[part] for net in nets]
             thresholds[name] = threshold((jit.parts or {}).get(part))
+            if part.startswith("resident"):
+                # A footprint moves with page acquisition: a coarser threshold, growth must
+                # go on in the second half, and rise at least twice between iterations.
+                thresholds[name] = max(thresholds[name], _FOOTPRINT_FACTOR * floor)
             steady, once = _judge(series[name], thresholds[name])
+            values = series[name]
+            late = values[-1] - values[(len(values) - 1) // 2]
+            rises = sum(b - a >= thresholds[name] / 4 for a, b in itertools.pairwise(values))
+            if (
+                part.startswith("resident")
+                and len(values) > 2
+                and (late < thresholds[name] / 2 or rises < 2)
+            ):
+                steady, once = 0, once + steady
+            if kept is not None and part.startswith("resident"):
+                left = max(kept[part], 0)
+                steady = min(steady, left) if min(steady, left) >= thresholds[name] else 0
+                once = min(once, max(left - steady, 0))
             native_leak += steady
             native_once += once
-        if alloc == "mimalloc":
+        if alloc == "mimalloc" and "small" in base.parts:
             notes.append(
-                "mimalloc: native bytes are those of this thread's heap; another thread's "
+                "mimalloc 2: native bytes are those of this thread's heap; another thread's "
                 "leak shows as memory outside malloc"
+            )
+        elif alloc == "mimalloc":
+            notes.append(
+                "mimalloc 3: its bytes in use cannot be read; the native figure is the resident"
+                " memory of its mappings (all threads) that stays after the trim"
             )
     elif reason is None:
         reason = f"the {alloc} allocator's in-use bytes could not be read"
@@ -1068,6 +1393,24 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
         private_leak = min(private_leak, max(left, 0))
         if private_leak < thresholds["outside malloc"]:
             private_leak = 0
+    other_threads = 0  # native leak moved from outside malloc (mimalloc 2's other threads)
+    if private_leak and alloc == "mimalloc" and _mimalloc is not None and native_leak is not None:
+        # mimalloc 2: another thread's heap cannot be visited; growth outside this thread's
+        # pages that lies in mimalloc's own mappings is that heap's: a native leak.
+        raws = [p.mimalloc for p in [base, *points]]
+        if all(r is not None and r[0] for r in raws):
+            held = [_mimalloc.resident(r[0]) for r in raws]
+            inside = [h - held[0] for h in held[1:]]
+            series["native, other threads"] = inside
+            moved = min(_judge(inside, thresholds["outside malloc"])[0], private_leak)
+            if moved >= thresholds["outside malloc"]:
+                native_leak += moved
+                private_leak -= moved
+                other_threads = moved
+                notes.append(
+                    f"{format_bytes(moved)} grew in mimalloc's mappings outside this thread's"
+                    " heap: another thread's native leak"
+                )
     # Shared memory is judged under every allocator; private mappings need the allocator's
     # figures (with an unknown allocator they cannot be told from malloc's: native_reason).
     mapped_leak = (private_leak or 0) + shmem_leak
@@ -1097,6 +1440,7 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
     if after_parts is not None and base.parts is not None:
         # What the allocator holds in use and pymalloc's arenas, from their own figures.
         live = sum(after_parts.values()) - sum(base.parts.values()) + (private_leak or 0)
+        live += other_threads
         live += arenas(after_pymalloc) if after_pymalloc is not None else _clip(traced_growth)
     else:
         live = _clip(traced_growth) + native_total + own + (private_leak or 0)
@@ -1176,6 +1520,7 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
         thresholds=thresholds,
         slowdown=slowdown,
         frames=before.frames,
+        python_reason=python_reason,
     )
 
 
@@ -1252,6 +1597,12 @@ def measure(
     reported as ``one_time``, not as a leak. The warm-up runs untraced and timed, so the report
     says how much slower tracemalloc made the measured runs. Bad arguments raise
     TypeError/ValueError before anything runs; tracemalloc is restored on every path.
+
+    Cost: ``frames`` (default 8) is the traceback depth of the allocation sites; ``frames=1``
+    is cheaper. ``trace=False`` runs without tracemalloc (the workload at full speed): the
+    native, outside-malloc and retention components are judged, ``python_leak`` is None with
+    the reason in ``Report.python_reason``, and Python objects over 512 bytes count in the
+    native series.
     """
     _check_measure(workload, repeat, warmup, noise_floor, top, frames)
     _validate.flag("trace", trace)

@@ -27,7 +27,15 @@ from typing import Any
 import pytest
 
 from . import _validate
-from .diagnosis import Report, Snapshot, ameasure, diagnose, measure, snapshot
+from .diagnosis import (
+    DEFAULT_FRAMES,
+    Report,
+    Snapshot,
+    ameasure,
+    diagnose,
+    measure,
+    snapshot,
+)
 from .units import format_bytes
 
 __all__ = ["LeakError", "MemoryFixture", "RetentionError"]
@@ -219,6 +227,8 @@ class MemoryFixture:
         retained: int | str | None = None,
         *,
         noise_floor: int | str | None = None,
+        trace: bool = True,
+        frames: int = DEFAULT_FRAMES,
     ) -> Iterator[CheckResult]:
         """Measure one run of the ``with`` block and fail on a leak over ``leak`` bytes.
 
@@ -226,10 +236,12 @@ class MemoryFixture:
         (leaks + unreclaimed retention). Sizes are bytes or strings like ``"1 MiB"``; bad ones
         raise TypeError/ValueError before the block runs. A block cannot be re-run: for repeat
         mode use :meth:`measure`. Raises :class:`LeakError` / :class:`RetentionError`.
+        ``trace=False`` measures without tracemalloc (no Python component), ``frames`` sets
+        the depth of the allocation sites (see :func:`memreclaim.diagnosis.measure`).
         """
         leak_limit, retained_limit, floor = self._limits(leak, retained, noise_floor)
         result = CheckResult()
-        before = snapshot()
+        before = snapshot(trace=trace, frames=frames)
         try:
             yield result
         except BaseException:
@@ -247,6 +259,8 @@ class MemoryFixture:
         leak: int | str | None = None,
         retained: int | str | None = None,
         noise_floor: int | str | None = None,
+        trace: bool = True,
+        frames: int = DEFAULT_FRAMES,
     ) -> Report:
         """Run ``workload`` ``warmup`` + ``repeat`` times, judge the steady leak per run.
 
@@ -255,7 +269,14 @@ class MemoryFixture:
         exceeded. Bad arguments raise TypeError/ValueError before anything runs.
         """
         leak_limit, retained_limit, floor = self._limits(leak, retained, noise_floor)
-        report = measure(workload, repeat=repeat, warmup=warmup, noise_floor=floor)
+        report = measure(
+            workload,
+            repeat=repeat,
+            warmup=warmup,
+            noise_floor=floor,
+            trace=trace,
+            frames=frames,
+        )
         self._judge(report, leak_limit, retained_limit, "memory.measure()")
         return report
 
@@ -268,10 +289,19 @@ class MemoryFixture:
         leak: int | str | None = None,
         retained: int | str | None = None,
         noise_floor: int | str | None = None,
+        trace: bool = True,
+        frames: int = DEFAULT_FRAMES,
     ) -> Report:
         """:meth:`measure` for a coroutine function (``await workload()`` per run)."""
         leak_limit, retained_limit, floor = self._limits(leak, retained, noise_floor)
-        report = await ameasure(workload, repeat=repeat, warmup=warmup, noise_floor=floor)
+        report = await ameasure(
+            workload,
+            repeat=repeat,
+            warmup=warmup,
+            noise_floor=floor,
+            trace=trace,
+            frames=frames,
+        )
         self._judge(report, leak_limit, retained_limit, "memory.ameasure()")
         return report
 
