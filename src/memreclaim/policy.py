@@ -39,10 +39,11 @@ The model is Go's heap scavenger (reclaim paced to a CPU budget) and the JVM's
   than the learned level, the back-off no longer applies (the rising check and the CPU budget
   still do), and :meth:`PacingPolicy.tick_interval` asks the runner for a reading every 20 ms
   instead of every ``interval``. At the mark: it trims at every ``min_interval`` whatever the
-  trigger, the back-off, the budget and the rising check say, as long as the learned level is
-  below that mark; and at once, whatever the level, when the allocator's free bytes (read every
-  100 ms there) rose by more than ``min_release`` since the last trim: a trim in the middle of
-  a burst may have learned a level that the burst's end frees. When the level itself, live memory,
+  trigger, the back-off and the budget say, as long as the learned level is below that mark and
+  the burst is over (a trim in the middle of one gives nothing back and was measured to cost
+  the race against the limit, ``benchmarks/bench_limits.py``); and at once, whatever the
+  level, when the allocator's free bytes (read every 100 ms there) rose by more than
+  ``min_release`` since the last trim. When the level itself, live memory,
   reaches it, trimming cannot help: the policy logs that once, with figures (WARNING on the
   ``memreclaim`` logger), and goes back to its normal pacing.
 
@@ -393,6 +394,8 @@ class PacingPolicy:
                 )
                 return "trim"
             if level < limit_mark and rss - level > self._min_release:
+                if rss - lowest > self.settle and not settled and in_flight != 0:
+                    return "rising"  # a trim in the middle of a burst gives nothing back
                 if self._last_trim is not None and now < self._last_trim + self._min_interval:
                     return "min-interval"
                 self._reason = (
