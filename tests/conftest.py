@@ -8,15 +8,17 @@ a benchmark or a stress script go through it.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +187,29 @@ def _run(
     if emitted is None:
         raise AssertionError(f"workload printed no RESULT line:\n{proc.stdout}\n{proc.stderr}")
     return emitted
+
+
+@contextlib.contextmanager
+def ready_child(code: str, deadline: float = 120.0) -> Iterator[subprocess.Popen[str]]:
+    """A child interpreter running ``code`` for the length of the ``with`` block, once it has
+    printed ``ready`` (within ``deadline`` seconds, or the test fails saying so); killed after.
+    For tests that look at another live process (its /proc files, a signal, a trim from outside).
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], deadline)
+        line = proc.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            proc.kill()
+            _, err = proc.communicate(timeout=60)
+            raise AssertionError(f"the child did not print 'ready' within {deadline} s: {err}")
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def shared_library(source: str, folder: Path, name: str) -> Path:

@@ -7,13 +7,12 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_child
+from conftest import ready_child, run_child
 
 from memreclaim.cli.demo import verdict_of
 from memreclaim.policy import PacingPolicy
@@ -257,12 +256,8 @@ def test_stats_under_jemalloc_reports_it() -> None:
 def sleeper() -> Any:
     """A child process holding ~64 MiB of anonymous memory, until the test ends."""
     code = "import sys, time; b = b'x' * (64 << 20); print('ready', flush=True); time.sleep(60)"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
-    yield proc
-    proc.kill()
-    proc.wait()
+    with ready_child(code) as proc:
+        yield proc
 
 
 def test_inspect_json_breaks_down_another_process(sleeper: subprocess.Popen[str]) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_child
+from conftest import ready_child, run_child
 
 import memreclaim
 from memreclaim import _core
@@ -47,12 +47,8 @@ def holder() -> Iterator[subprocess.Popen[str]]:
         time.sleep(120)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
-    yield proc
-    proc.kill()
-    proc.wait()
+    with ready_child(code) as proc:
+        yield proc
 
 
 def test_status_of_another_process(holder: subprocess.Popen[str]) -> None:
