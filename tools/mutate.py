@@ -72,8 +72,8 @@ MUTANTS = [
     Mutant(
         "trim-seconds-always-zero",
         PKG + "_core.c",
-        "PyObject *item = PyFloat_FromDouble(seconds);",
-        "PyObject *item = PyFloat_FromDouble(0.0 * seconds);",
+        "item = PyFloat_FromDouble(seconds);",
+        "item = PyFloat_FromDouble(0.0 * seconds);",
         (SEMANTICS,),
     ),
     # --- trim
