@@ -97,6 +97,16 @@ RETENTION_KINDS = ("allocator_retention", "pymalloc_retention", "unreclaimed_ret
 # ---- reading the process -------------------------------------------------------------------
 
 
+def _malloc_and_free(lib: ctypes.CDLL) -> tuple[Any, Any]:
+    """``malloc`` and ``free`` of ``lib`` as typed ctypes functions (probing the allocator)."""
+    malloc, free = lib.malloc, lib.free
+    malloc.restype = ctypes.c_void_p
+    malloc.argtypes = [ctypes.c_size_t]
+    free.restype = None
+    free.argtypes = [ctypes.c_void_p]
+    return malloc, free
+
+
 class _Mimalloc:
     """mimalloc's figures.
 
@@ -147,12 +157,7 @@ class _Mimalloc:
             self._visit.restype = ctypes.c_bool
             self._visit.argtypes = [ctypes.c_void_p, ctypes.c_bool, self._VISIT, ctypes.c_void_p]
 
-        self._malloc = lib.malloc
-        self._malloc.restype = ctypes.c_void_p
-        self._malloc.argtypes = [ctypes.c_size_t]
-        self._free = lib.free
-        self._free.restype = None
-        self._free.argtypes = [ctypes.c_void_p]
+        self._malloc, self._free = _malloc_and_free(lib)
         self._collect = lib.mi_collect
         self._collect.restype = None
         self._collect.argtypes = [ctypes.c_bool]
@@ -328,12 +333,7 @@ class _GlibcTcache:
         self._info = lib.mallinfo2  # AttributeError before glibc 2.33
         self._info.restype = _Mallinfo2
         self._info.argtypes = []
-        self._malloc = lib.malloc
-        self._malloc.restype = ctypes.c_void_p
-        self._malloc.argtypes = [ctypes.c_size_t]
-        self._free = lib.free
-        self._free.restype = None
-        self._free.argtypes = [ctypes.c_void_p]
+        self._malloc, self._free = _malloc_and_free(lib)
 
     def read(self) -> int:
         start = self._info().uordblks
