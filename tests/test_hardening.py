@@ -541,6 +541,8 @@ OPTIONAL_SYMBOLS = [
     "mi_collect",
     "mi_process_info",
     "mi_version",
+    "mi_heap_get_backing",
+    "mi_heap_visit_blocks",
     "MallocExtension_ReleaseFreeMemory",
     "MallocExtension_GetNumericProperty",
     "tc_version",
@@ -627,6 +629,18 @@ def test_every_optional_symbol_missing(allocator: str) -> None:
         else:
             assert out["malloc_info"]["exc"] == "UnsupportedAllocatorError", where
             assert out["arenas"]["exc"] == "UnsupportedAllocatorError", where
+        # mimalloc's heap walk: only with both of its symbols (3.6 no longer exports one).
+        walk = {"mi_heap_get_backing", "mi_heap_visit_blocks"}
+        if detected == "mimalloc" and hidden not in walk and out["mimalloc_walk_exported"]["ok"]:
+            assert out["mimalloc_areas"]["ok"] == [
+                "addresses",
+                "areas",
+                "committed",
+                "large",
+                "small",
+            ], where
+        else:
+            assert out["mimalloc_areas"]["exc"] == "UnsupportedAllocatorError", where
         assert out["bad_pin_value"]["exc"] == "ValueError", where
         assert out["bad_trim_flag"]["exc"] == "TypeError", where
 

@@ -969,6 +969,102 @@ static PyObject *core_malloc_info(PyObject *module, PyObject *Py_UNUSED(ignored)
     return result;
 }
 
+/* ---- mimalloc's heap walk -------------------------------------------------------------------- */
+
+#define MR_MI_MAX_ADDRESSES 4096
+
+PyDoc_STRVAR(mimalloc_areas_doc,
+             "mimalloc_areas(small_max, max_areas, /) -> dict\n\n"
+             "The calling thread's mimalloc heap, page by page (mi_heap_visit_blocks, walked in\n"
+             "C with the GIL released): 'small' and 'large' in-use bytes (pages of blocks up to\n"
+             "small_max bytes are small), 'committed' bytes, 'areas' (pages visited) and\n"
+             "'addresses' (start of the first 4096 pages). Raises UnsupportedAllocatorError when\n"
+             "the allocator is not mimalloc or does not export the walk, OSError (EOVERFLOW)\n"
+             "when the walk passes max_areas pages, TypeError/ValueError/OverflowError for\n"
+             "arguments that are not non-negative ints / positive ints.");
+
+static PyObject *core_mimalloc_areas(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    core_state *state = get_state(module);
+    mr_mi_areas walk;
+    size_t small_max, max_areas;
+    int err;
+    PyObject *result, *addresses;
+
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "mimalloc_areas() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!PyLong_Check(args[i]) || PyBool_Check(args[i])) {
+            PyErr_Format(PyExc_TypeError, "mimalloc_areas() argument %d must be int, not %.100s",
+                         i + 1, Py_TYPE(args[i])->tp_name);
+            return NULL;
+        }
+    }
+    small_max = PyLong_AsSize_t(args[0]);
+    if (small_max == (size_t)-1 && PyErr_Occurred()) {
+        return NULL; /* OverflowError, also for a negative value */
+    }
+    max_areas = PyLong_AsSize_t(args[1]);
+    if (max_areas == (size_t)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (max_areas == 0) {
+        PyErr_SetString(PyExc_ValueError, "mimalloc_areas() max_areas must be positive");
+        return NULL;
+    }
+    memset(&walk, 0, sizeof(walk));
+    walk.small_max = small_max;
+    walk.max_areas = max_areas;
+    walk.max_addresses = MR_MI_MAX_ADDRESSES;
+    walk.addresses = PyMem_RawMalloc(MR_MI_MAX_ADDRESSES * sizeof(uintptr_t));
+    if (walk.addresses == NULL) {
+        return PyErr_NoMemory();
+    }
+    /* The walk's buffer is allocated before it starts: a malloc or free during the walk changes
+     * the page queues it follows. */
+    Py_BEGIN_ALLOW_THREADS
+    err = mr_mimalloc_areas(&walk);
+    Py_END_ALLOW_THREADS
+    if (err == ENOTSUP) {
+        PyMem_RawFree(walk.addresses);
+        return raise_missing(state, "mimalloc_areas", "mi_heap_visit_blocks");
+    }
+    if (err != 0) {
+        PyMem_RawFree(walk.addresses);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    addresses = PyTuple_New((Py_ssize_t)walk.naddresses);
+    if (addresses == NULL) {
+        PyMem_RawFree(walk.addresses);
+        return NULL;
+    }
+    for (size_t i = 0; i < walk.naddresses; i++) {
+        PyObject *item = PyLong_FromSize_t(walk.addresses[i]);
+        if (item == NULL) {
+            PyMem_RawFree(walk.addresses);
+            Py_DECREF(addresses);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(addresses, (Py_ssize_t)i, item);
+    }
+    PyMem_RawFree(walk.addresses);
+    result = PyDict_New();
+    if (result == NULL || set_item_int(result, "small", (int64_t)walk.small_used) < 0 ||
+        set_item_int(result, "large", (int64_t)walk.large_used) < 0 ||
+        set_item_int(result, "committed", (int64_t)walk.committed) < 0 ||
+        set_item_int(result, "areas", (int64_t)walk.areas) < 0 ||
+        PyDict_SetItemString(result, "addresses", addresses) < 0) {
+        Py_XDECREF(result);
+        Py_DECREF(addresses);
+        return NULL;
+    }
+    Py_DECREF(addresses);
+    return result;
+}
+
 /* ---- module --------------------------------------------------------------------------------- */
 
 static PyMethodDef core_methods[] = {
@@ -985,6 +1081,8 @@ static PyMethodDef core_methods[] = {
     {"process_status", core_process_status, METH_O, process_status_doc},
     {"process_rollup", core_process_rollup, METH_O, process_rollup_doc},
     {"process_heap_mapping", core_process_heap_mapping, METH_O, process_heap_mapping_doc},
+    {"mimalloc_areas", (PyCFunction)(void (*)(void))core_mimalloc_areas, METH_FASTCALL,
+     mimalloc_areas_doc},
     {NULL, NULL, 0, NULL},
 };
 

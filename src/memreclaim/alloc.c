@@ -52,6 +52,10 @@ static struct {
     void (*mi_process_info)(size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *,
                             size_t *);
     int (*mi_version)(void);
+    void *(*mi_heap_get_backing)(void);
+    bool (*mi_heap_visit_blocks)(const void *, bool,
+                                 bool (*)(const void *, const void *, void *, size_t, void *),
+                                 void *);
     /* gperftools tcmalloc */
     void (*tc_release)(void);
     int (*tc_numeric_property)(const char *, size_t *);
@@ -467,6 +471,63 @@ static int mimalloc_heap_stats(mr_heap_stats *out)
     return 0;
 }
 
+/* The leading fields of mimalloc's mi_heap_area_t, the same from 1.x to 3.x. */
+struct mr_mi_area {
+    void *blocks;
+    // cppcheck-suppress unusedStructMember
+    size_t reserved;
+    size_t committed;
+    size_t used;
+    size_t block_size;
+};
+
+/* Called by mi_heap_visit_blocks for each page of the heap. It only adds numbers: nothing here
+ * may allocate or free, since that would change the page queues being walked (a Python callback
+ * did, and the walk never ended). */
+static bool mimalloc_area(const void *heap, const void *area, void *block, size_t block_size,
+                          void *arg)
+{
+    const struct mr_mi_area *a = area;
+    mr_mi_areas *out = arg;
+    (void)heap;
+    (void)block;
+    (void)block_size;
+    if (out->areas >= out->max_areas) {
+        out->truncated = true;
+        return false;
+    }
+    out->areas++;
+    if (a->block_size <= out->small_max) {
+        out->small_used += a->used * a->block_size;
+    } else {
+        out->large_used += a->used * a->block_size;
+    }
+    out->committed += a->committed;
+    if (out->naddresses < out->max_addresses && a->blocks != NULL) {
+        out->addresses[out->naddresses++] = (uintptr_t)a->blocks;
+    }
+    return true;
+}
+
+int mr_mimalloc_areas(mr_mi_areas *out)
+{
+    void *heap;
+    (void)mr_backend_detect();
+    if (detected->kind != MR_ALLOC_MIMALLOC || sym.mi_heap_get_backing == NULL ||
+        sym.mi_heap_visit_blocks == NULL) {
+        return ENOTSUP;
+    }
+    out->small_used = out->large_used = out->committed = 0;
+    out->areas = out->naddresses = 0;
+    out->truncated = false;
+    heap = sym.mi_heap_get_backing();
+    if (heap == NULL) {
+        return ENOTSUP;
+    }
+    (void)sym.mi_heap_visit_blocks(heap, false, mimalloc_area, out);
+    return out->truncated ? EOVERFLOW : 0;
+}
+
 /* ---- tcmalloc (gperftools) ------------------------------------------------------------------ */
 
 static int tcmalloc_trim(void)
@@ -537,6 +598,8 @@ static const mr_backend *classify(uintptr_t owner)
     LOOKUP(mi_collect, "mi_collect");
     LOOKUP(mi_process_info, "mi_process_info");
     LOOKUP(mi_version, "mi_version");
+    LOOKUP(mi_heap_get_backing, "mi_heap_get_backing");
+    LOOKUP(mi_heap_visit_blocks, "mi_heap_visit_blocks");
     LOOKUP(tc_release, "MallocExtension_ReleaseFreeMemory");
     LOOKUP(tc_numeric_property, "MallocExtension_GetNumericProperty");
     LOOKUP(tc_version, "tc_version");

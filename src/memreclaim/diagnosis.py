@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import gc
 import inspect
 import itertools
@@ -119,25 +120,7 @@ class _Mimalloc:
     trim (``mi_collect``)."""
 
     _SMALL = 64 * 1024
-    _MAX_AREAS = 1_000_000  # pages of 64 KiB and more: a 64 GiB heap; a visit past it is lost
-
-    class _Area(ctypes.Structure):
-        _fields_ = [
-            ("blocks", ctypes.c_void_p),
-            ("reserved", ctypes.c_size_t),
-            ("committed", ctypes.c_size_t),
-            ("used", ctypes.c_size_t),
-            ("block_size", ctypes.c_size_t),
-        ]
-
-    _VISIT = ctypes.CFUNCTYPE(
-        ctypes.c_bool,
-        ctypes.c_void_p,
-        ctypes.POINTER(_Area),
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_void_p,
-    )
+    _MAX_AREAS = 1_000_000  # pages of 64 KiB and more: a 64 GiB heap
 
     def __init__(self) -> None:
         from ._core import allocator_version
@@ -145,17 +128,18 @@ class _Mimalloc:
         lib = ctypes.CDLL(None)
         version = allocator_version() or "0"
         self.major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
-        # 3.6 no longer exports mi_heap_get_backing: the visit is optional from 3.x on.
-        self._backing = getattr(lib, "mi_heap_get_backing", None)
-        self._visit = getattr(lib, "mi_heap_visit_blocks", None)
-        if self._backing is None or self._visit is None:
+        # The page walk runs in C (_core.mimalloc_areas): a Python callback allocates and frees
+        # while mimalloc follows its page queues, and under 2.0.9 such a walk never ended.
+        # 3.6 no longer exports mi_heap_get_backing: the walk is optional from 3.x on.
+        self._walkable = True
+        try:
+            self._walk()
+        except UnsupportedAllocatorError:
             if not self.footprint:
-                raise AttributeError("mi_heap_get_backing/mi_heap_visit_blocks are not exported")
-        else:
-            self._backing.restype = ctypes.c_void_p
-            self._backing.argtypes = []
-            self._visit.restype = ctypes.c_bool
-            self._visit.argtypes = [ctypes.c_void_p, ctypes.c_bool, self._VISIT, ctypes.c_void_p]
+                raise AttributeError(
+                    "mi_heap_get_backing/mi_heap_visit_blocks are not exported"
+                ) from None
+            self._walkable = False
 
         self._malloc, self._free = _malloc_and_free(lib)
         self._collect = lib.mi_collect
@@ -183,8 +167,8 @@ class _Mimalloc:
             if block:
                 self._probes.add(block)
                 self._free(block)
-        if self._visit is not None and self._backing is not None:
-            self._visit(self._backing(), False, self._VISIT(self._probe), None)
+        if self._walkable and len(self._probes) < 4096:
+            self._probes.update(self._walk()["addresses"])
         maps: list[tuple[int, int, int]] = []
         anonymous = False
         with open("/proc/self/smaps", "rb") as smaps:
@@ -218,10 +202,11 @@ class _Mimalloc:
             run.append(entry)
         return total + (close() if run else 0)
 
-    def _probe(self, _heap: int, info: Any, _block: int, _size: int, _arg: int) -> bool:
-        if info.contents.blocks:
-            self._probes.add(info.contents.blocks)
-        return len(self._probes) < 4096
+    def _walk(self) -> dict[str, Any]:
+        """This thread's heap, page by page; OSError (EOVERFLOW) past ``_MAX_AREAS`` pages."""
+        from ._core import mimalloc_areas
+
+        return mimalloc_areas(self._SMALL, self._MAX_AREAS)
 
     def read(self) -> tuple[dict[str, int], int]:
         """(in-use bytes per part, owned bytes); :attr:`last` keeps what :meth:`parts` needs to
@@ -231,32 +216,10 @@ class _Mimalloc:
         maps = self._maps()
         committed = 0
         small_large = None
-        if not self.footprint:
-            totals = {"small": 0, "large": 0, "committed": 0}
-
-            seen = [0]
-
-            def area(_heap: int, info: Any, _block: int, _size: int, _arg: int) -> bool:
-                seen[0] += 1
-                if seen[0] > self._MAX_AREAS:
-                    return False  # stops the visit: see below
-                a = info.contents
-                kind = "small" if a.block_size <= self._SMALL else "large"
-                totals[kind] += a.used * a.block_size
-                totals["committed"] += a.committed
-                return True
-
-            if self._visit is not None and self._backing is not None:
-                self._visit(self._backing(), False, self._VISIT(area), None)
-            if seen[0] > self._MAX_AREAS:
-                # Seen in one long pytest process under mimalloc 2.0.9: the visit never ended
-                # (the heap changed while it was visited); a bounded visit says so instead.
-                raise OSError(
-                    f"the heap visit did not end after {self._MAX_AREAS:,} pages"
-                    " (the heap changed while it was visited)"
-                )
-            committed = totals["committed"]
-            small_large = (totals["small"], totals["large"])
+        if not self.footprint and self._walkable:
+            walk = self._walk()
+            committed = walk["committed"]
+            small_large = (walk["small"], walk["large"])
         self.last = (maps, committed, small_large)
         return self.parts(self.last)
 
@@ -444,13 +407,10 @@ def _object_of(libc: Any, address: int) -> int | None:
     return info.dli_fbase or None
 
 
-def _pymalloc_dump() -> str | None:
-    """CPython's ``_PyObject_DebugMallocStats`` written to an in-memory stream.
-
-    It answers only while pymalloc is the object allocator; while tracemalloc hooks it, the hook
-    keeps the allocator it wraps in its context: that one is put back for the call (the GIL is
-    held throughout, and the dump allocates no Python object), after checking that it lies in
-    the same object as ``PyMem_Malloc`` (another hook than tracemalloc's: no figures)."""
+@functools.cache
+def _dump_functions() -> tuple[Any, Any, Any]:
+    """(libc, the C API, ``_PyObject_DebugMallocStats``), typed once: binding them allocates
+    Python objects, which would otherwise show among the workload's allocation sites."""
     libc = ctypes.CDLL(None)
     api = ctypes.pythonapi
     dump = api._PyObject_DebugMallocStats
@@ -468,6 +428,17 @@ def _pymalloc_dump() -> str | None:
     api.PyMem_GetAllocator.restype = None
     api.PyMem_SetAllocator.argtypes = [ctypes.c_int, ctypes.POINTER(_Allocator)]
     api.PyMem_SetAllocator.restype = None
+    return libc, api, dump
+
+
+def _pymalloc_dump() -> str | None:
+    """CPython's ``_PyObject_DebugMallocStats`` written to an in-memory stream.
+
+    It answers only while pymalloc is the object allocator; while tracemalloc hooks it, the hook
+    keeps the allocator it wraps in its context: that one is put back for the call (the GIL is
+    held throughout, and the dump allocates no Python object), after checking that it lies in
+    the same object as ``PyMem_Malloc`` (another hook than tracemalloc's: no figures)."""
+    libc, api, dump = _dump_functions()
     hooked = _Allocator()
     original: _Allocator | None = None
     if tracemalloc.is_tracing():
@@ -1156,14 +1127,27 @@ def _clip(value: int | None) -> int:
     return max(value or 0, 0)
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_WORKLOADS = "workloads.py"
+
+
+def _own(filename: str) -> bool:
+    """Whether ``filename`` is memreclaim's own code (the shared workloads are not)."""
+    return filename.startswith(_PACKAGE + os.sep) and filename != os.path.join(_PACKAGE, _WORKLOADS)
+
+
 def _top_sites(
     after: tracemalloc.Snapshot, before: tracemalloc.Snapshot, top: int
 ) -> tuple[AllocationSite, ...]:
-    package = os.path.dirname(os.path.abspath(__file__))
-    filters = [  # memreclaim's own and tracemalloc's allocations are not the workload's
-        tracemalloc.Filter(False, os.path.join(package, "*")),
-        tracemalloc.Filter(False, tracemalloc.__file__),
-    ]
+    # memreclaim's own and tracemalloc's allocations are not the workload's; the shared
+    # workloads (memreclaim.workloads: the demo's, the benchmarks') are.
+    filters = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    for own in os.listdir(_PACKAGE):
+        if own != _WORKLOADS:
+            path = os.path.join(_PACKAGE, own)
+            filters.append(
+                tracemalloc.Filter(False, os.path.join(path, "*") if os.path.isdir(path) else path)
+            )
     diffs = after.filter_traces(filters).compare_to(before.filter_traces(filters), "traceback")
     by_line: dict[tuple[str, int], list[Any]] = {}
     for diff in diffs:
@@ -1178,7 +1162,6 @@ def _top_sites(
         entry[1] += diff.count_diff
         if diff.size_diff > entry[3]:
             entry[2], entry[3] = diff.traceback, diff.size_diff
-    here = os.path.dirname(os.path.abspath(__file__))
     sites = []
     for (name, line), (size, count, tb, _) in by_line.items():
         if size < _MIN_SITE:
@@ -1186,9 +1169,7 @@ def _top_sites(
         stack = tuple(
             f"{_short(f.filename)}:{f.lineno}"
             for f in tb
-            if not f.filename.startswith(here)
-            and "_pytest" not in f.filename
-            and "pluggy" not in f.filename
+            if not _own(f.filename) and "_pytest" not in f.filename and "pluggy" not in f.filename
         )
         sites.append(AllocationSite(name, line, size, count, stack))
     sites.sort(key=lambda s: -s.size)

@@ -16,6 +16,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -138,6 +139,22 @@ const char *mr_backend_version(void);
 const char *mr_backend_via(void);
 /* Why memreclaim cannot act on the allocator (the backend is "unknown"), else NULL. */
 const char *mr_backend_reason(void);
+
+/* mimalloc: the in-use bytes of the calling thread's heap, page by page (mi_heap_visit_blocks
+ * over mi_heap_get_backing(), both optional: 3.6 no longer exports the latter). */
+typedef struct {
+    size_t small_max;     /* in: pages of blocks up to this size count as small */
+    size_t max_areas;     /* in: the walk stops after this many pages (EOVERFLOW) */
+    uintptr_t *addresses; /* in: room for the first max_addresses pages' start addresses */
+    size_t max_addresses;
+    size_t small_used, large_used, committed; /* out: bytes */
+    size_t areas, naddresses;                 /* out: pages visited, addresses stored */
+    bool truncated;
+} mr_mi_areas;
+
+/* Pure C, no allocation: call with the GIL released. Returns 0, ENOTSUP when the allocator is not
+ * mimalloc or does not export the walk, EOVERFLOW when the walk passed max_areas. */
+int mr_mimalloc_areas(mr_mi_areas *out);
 
 /* glibc knobs. Return 0, ENOTSUP when the live allocator is not glibc or lacks the call, or
  * EINVAL when glibc refused the value. */

@@ -9,6 +9,7 @@ non-zero exit (a signal), which the test reports with the script's stderr.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 import warnings
@@ -61,6 +62,12 @@ def probe() -> dict[str, Any]:
         "heap_stats": memreclaim.heap_stats,
         "malloc_info": lambda: memreclaim.malloc_info()[:40],
         "arenas": lambda: len(memreclaim.arenas()),
+        "mimalloc_areas": lambda: sorted(_core.mimalloc_areas(64 * 1024, 1_000_000)),
+        # What the process exports, whatever memreclaim's lookups are made to miss.
+        "mimalloc_walk_exported": lambda: all(
+            hasattr(ctypes.CDLL(None), name)
+            for name in ("mi_heap_get_backing", "mi_heap_visit_blocks")
+        ),
         "pin_mmap_threshold": lambda: memreclaim.pin_mmap_threshold(128 * 1024),
         "set_trim_threshold": lambda: memreclaim.set_trim_threshold(128 * 1024),
         "core_set_arena_max": lambda: _core.set_arena_max(8),
