@@ -331,7 +331,18 @@ def test_xdist_two_workers(pytester: pytest.Pytester) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    ['"12 parsecs"', "-1", 'limit="fast"', "limit=1.5", "repeat=0", "warmup=-2", "bogus=1"],
+    [
+        '"12 parsecs"',
+        "-1",
+        'limit="fast"',
+        "limit=1.5",
+        "repeat=0",
+        "warmup=-2",
+        "bogus=1",
+        'trace="no"',
+        "frames=0",
+        "frames=1.5",
+    ],
 )
 def test_junk_marker_arguments_are_usage_errors(pytester: pytest.Pytester, args: str) -> None:
     pytester.makepyfile(
@@ -419,6 +430,48 @@ def test_options_in_help_and_markers_registered(pytester: pytest.Pytester) -> No
     )
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines(["*no_leak(limit=None*", "*reclaims(limit=None*"])
+
+
+def test_marker_trace_and_frames(pytester: pytest.Pytester) -> None:
+    # trace=False: the test runs without tracemalloc and its 3 MiB bytearrays (malloc'd) are
+    # judged as native memory, the report saying why there is no Python figure; frames=2 gives
+    # traceback sites two frames deep.
+    pytester.makepyfile(
+        """
+        import tracemalloc
+        import pytest
+        KEEP = []
+        TRACING = []
+
+        @pytest.mark.no_leak(trace=False)
+        def test_untraced():
+            TRACING.append(tracemalloc.is_tracing())
+            KEEP.append(bytearray(3 * 1024 * 1024))
+
+        def test_untraced_ran_untraced():
+            assert TRACING == [False]
+
+        def helper():
+            for i in range(60000):
+                KEEP.append(bytes(100) + bytes(i % 7))
+
+        @pytest.mark.no_leak(frames=2)
+        def test_two_frames():
+            helper()
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist")
+    result.assert_outcomes(failed=2, passed=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["*_ test_untraced _*", "*native leak (malloc)*", "*tracemalloc was off*"]
+    )
+    # The top site (helper's line) and one caller (the test's line), no deeper frame.
+    lines = out.splitlines()
+    top = next(i for i, line in enumerate(lines) if "test_marker_trace_and_frames.py:16:" in line)
+    assert lines[top + 1].strip() == "called from test_marker_trace_and_frames.py:20", out
+    assert "called from" not in lines[top + 2], out
+    assert "ctypes" not in out, out  # memreclaim's own bindings are not the workload's sites
 
 
 def test_command_line_default_limit_applies(pytester: pytest.Pytester) -> None:

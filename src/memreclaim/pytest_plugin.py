@@ -5,10 +5,10 @@ Loaded automatically through the ``pytest11`` entry point ``memreclaim``. It pro
 * the ``memory`` fixture: ``with memory.check(leak="1 MiB"): work()`` for one run of a block,
   ``memory.measure(work, repeat=5, warmup=1)`` (and ``await memory.ameasure(...)``) to judge
   growth per iteration;
-* the markers ``@pytest.mark.no_leak(limit=..., repeat=..., warmup=...)`` (the test's steady
-  leak per run must stay under ``limit``) and ``@pytest.mark.reclaims(limit=...)`` (what a trim
-  cannot give back after the test -- leaks plus unreclaimed retention -- must stay under
-  ``limit``), on plain and async test functions;
+* the markers ``@pytest.mark.no_leak(limit=..., repeat=..., warmup=..., trace=...,
+  frames=...)`` (the test's steady leak per run must stay under ``limit``) and
+  ``@pytest.mark.reclaims(limit=...)`` (what a trim cannot give back after the test -- leaks
+  plus unreclaimed retention -- must stay under ``limit``), on plain and async test functions;
 * ``--memreclaim-*`` options and ``memreclaim_*`` ini keys for the defaults.
 
 See docs/pytest-plugin.md. This is a face: it uses :mod:`memreclaim.diagnosis` and the units.
@@ -163,13 +163,17 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the markers and validate the options (junk -> a usage error)."""
     config.addinivalue_line(
         "markers",
-        "no_leak(limit=None, repeat=None, warmup=None, noise_floor=None): fail the test if its "
-        "steady leak (Python objects still referenced + native allocations never freed) exceeds "
-        "limit per run; runs the test warmup + repeat times. memreclaim.",
+        "no_leak(limit=None, repeat=None, warmup=None, noise_floor=None, trace=True, "
+        f"frames={DEFAULT_FRAMES}): "
+        "fail the test if its steady leak (Python objects still referenced + native allocations "
+        "never freed) exceeds limit per run; runs the test warmup + repeat times; trace=False "
+        "measures without tracemalloc (faster; no Python component), frames sets the traceback "
+        "depth of the allocation sites. memreclaim.",
     )
     config.addinivalue_line(
         "markers",
-        "reclaims(limit=None, repeat=None, warmup=None, noise_floor=None): fail the test if, "
+        "reclaims(limit=None, repeat=None, warmup=None, noise_floor=None, trace=True, "
+        f"frames={DEFAULT_FRAMES}): fail the test if, "
         "after it and a trim, more than limit of its memory stays resident (leaks + unreclaimed "
         "retention); memory the trim gives back is fine. memreclaim.",
     )
@@ -345,10 +349,12 @@ class _MarkerSpec:
     repeat: int
     warmup: int
     noise_floor: int
+    trace: bool = True
+    frames: int = DEFAULT_FRAMES
 
 
 _SPEC = pytest.StashKey[_MarkerSpec]()
-_KWARGS = ("limit", "repeat", "warmup", "noise_floor")
+_KWARGS = ("limit", "repeat", "warmup", "noise_floor", "trace", "frames")
 
 
 def _marker_spec(item: pytest.Item, settings: _Settings) -> _MarkerSpec | None:
@@ -358,6 +364,7 @@ def _marker_spec(item: pytest.Item, settings: _Settings) -> _MarkerSpec | None:
         return None
     leak = retained = None
     repeat, warmup, floor = settings.repeat, settings.warmup, settings.noise_floor
+    trace, frames = True, DEFAULT_FRAMES
     for mark in (reclaims, no_leak):  # no_leak's repeat/warmup win when both are given
         if mark is None:
             continue
@@ -382,7 +389,11 @@ def _marker_spec(item: pytest.Item, settings: _Settings) -> _MarkerSpec | None:
             warmup = _count(kwargs["warmup"], "warmup", 0)
         if kwargs.get("noise_floor") is not None:
             floor = _size(kwargs["noise_floor"], "noise_floor")
-    return _MarkerSpec(leak, retained, repeat, warmup, floor)
+        if kwargs.get("trace") is not None:
+            trace = _validate.flag("trace", kwargs["trace"])
+        if kwargs.get("frames") is not None:
+            frames = _validate.integer("frames", kwargs["frames"], minimum=1, maximum=1000)
+    return _MarkerSpec(leak, retained, repeat, warmup, floor, trace, frames)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -416,7 +427,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, o
         return (yield)
     for _ in range(spec.warmup):
         _call_again(pyfuncitem)
-    before: Snapshot = snapshot()
+    before: Snapshot = snapshot(trace=spec.trace, frames=spec.frames)
     before.warmup = spec.warmup
     try:
         for _ in range(spec.repeat - 1):
