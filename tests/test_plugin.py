@@ -577,15 +577,7 @@ def test_plugin_is_declared_as_pytest11_entry_point() -> None:
         "glibc",
         "jemalloc",
         "tcmalloc",
-        pytest.param(
-            "mimalloc",
-            marks=pytest.mark.skip(
-                reason="open (issue 14): in this one long process under mimalloc 2.0.9,"
-                " mi_heap_visit_blocks was seen never returning (25+ min of CPU in CI); the"
-                " visit is now bounded and raises, the scenarios under mimalloc run one per"
-                " process in test_scenarios.py"
-            ),
-        ),
+        "mimalloc",
     ],
 )
 def test_scenarios_through_marker_and_fixture(
