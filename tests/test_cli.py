@@ -91,6 +91,7 @@ def test_demo_spike_json_figures_tell_retention() -> None:
     assert result["verdict"] == "retained"
     assert result["trim_released"] > 0.5 * growth
     assert result["allocator"] == "glibc"
+    assert result["trim_method"] == "malloc_trim(0)"  # the diagnosis's trim, named
     # the survivors, live on purpose and bounded, are one-time growth for the engine, not a leak
     diagnosis = result["diagnosis"]
     assert diagnosis["kind"] == "allocator_retention"

@@ -291,6 +291,16 @@ def test_workload_error_propagates_and_stops_tracing() -> None:
     assert not tracemalloc.is_tracing()
 
 
+def test_report_carries_the_trim_it_made() -> None:
+    import memreclaim
+
+    report = measure(lambda: None, trace=False)
+    assert isinstance(report.trim, memreclaim.TrimResult)
+    assert report.trim.method == memreclaim.trim().method  # "malloc_trim(0)" on glibc
+    assert report.trim.allocator == report.allocator
+    assert report.trim.seconds is not None and report.trim.seconds >= 0
+
+
 def test_close_is_idempotent() -> None:
     before = snapshot()
     assert isinstance(before, Snapshot)

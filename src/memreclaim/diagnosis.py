@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _validate
-from ._core import UnsupportedAllocatorError, allocator, heap_stats, stats
+from ._core import TrimResult, UnsupportedAllocatorError, allocator, heap_stats, stats
 from .pools import PoolReclaimUnavailable, estimate_pool_reclaim, pool_reclaim_status
 from .units import format_bytes
 
@@ -831,6 +831,8 @@ class Report:
     frames: int = 1
     #: Why ``python_leak`` is None (tracemalloc off: ``trace=False``), else None.
     python_reason: str | None = None
+    #: The trim the diagnosis made (what it called, what it gave back, how long it took).
+    trim: TrimResult | None = None
 
     def components(self) -> dict[str, int]:
         """The measured components (missing ones as 0): leaks first, each group largest first,
@@ -1515,6 +1517,7 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
         slowdown=slowdown,
         frames=before.frames,
         python_reason=python_reason,
+        trim=result,
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 import memreclaim
-from memreclaim import _accounting, workloads
+from memreclaim import workloads
 
 from . import plot
 from ._common import show_size
@@ -127,6 +127,7 @@ class DemoResult:
     leak: bool
     phases: list[Phase]
     build_seconds: float  # all the bursts, as the progress line and the summary show it
+    trim_method: str | None  # what the diagnosis's trim called, e.g. "malloc_trim(0)"
     trim_seconds: float | None
     trim_released: int | None
     verdict: str  # leak, retained, pinned, returned or clean
@@ -394,9 +395,7 @@ def run_demo(
             except BaseException:
                 before.close()
                 raise
-        trims = _accounting.totals()
         report = memreclaim.diagnose(before, noise_floor=NOISE_FLOOR)  # trims once, judges
-        done = _accounting.totals()
         rec.mark("after trim")
         kept.clear()
     finally:
@@ -404,7 +403,6 @@ def run_demo(
         if started_tracing:
             tracemalloc.stop()
     code, text = verdict_of(report)
-    one_trim = done.trims - trims.trims == 1
     return DemoResult(
         workload=workload,
         description=what,
@@ -416,8 +414,9 @@ def run_demo(
         leak=leak,
         phases=rec.phases,
         build_seconds=step.seconds or 0.0,
-        trim_seconds=done.seconds - trims.seconds if one_trim else None,
-        trim_released=done.released_bytes - trims.released_bytes if one_trim else None,
+        trim_method=report.trim.method if report.trim is not None else None,
+        trim_seconds=report.trim.seconds if report.trim is not None else None,
+        trim_released=report.trim.released if report.trim is not None else None,
         verdict=code,
         verdict_text=text,
         diagnosis={"kind": report.kind, **report.significant()},
@@ -446,6 +445,8 @@ def format_demo(result: DemoResult) -> str:
         )
     lines.append("")
     trim = "the diagnosis trimmed"
+    if result.trim_method is not None:
+        trim += f" ({result.trim_method})"
     if result.trim_seconds is not None:
         trim += (
             f" in {duration(result.trim_seconds)}, and anonymous RSS fell by"
