@@ -19,8 +19,9 @@ on its own -- nothing is netted against anything else:
   ``mi_heap_visit_blocks``), minus the Python allocations that live there (traced bytes not in
   pymalloc's arenas) and tracemalloc's own bookkeeping;
 * **outside malloc** -- anonymous RSS that neither the allocator (its resident or mapped bytes)
-  nor pymalloc's arenas own: a library's own ``mmap`` regions; and shared memory (``RssShmem``:
-  ``mmap.mmap(-1, n)``, multiprocessing heaps);
+  nor pymalloc's arenas own: a library's own ``mmap`` regions; shared memory (``RssShmem``:
+  ``mmap.mmap(-1, n)``, multiprocessing heaps); and mapped files (``RssFile``: files mapped per
+  call and kept; pages of code or data mapped once are one-time growth);
 * threads, as evidence.
 
 A component leaks when its least-squares slope over the measured iterations (the first one
@@ -504,6 +505,7 @@ class _Point:
     shmem: int | None
     pymalloc: tuple[int, int] | None
     threads: int
+    file: int | None = None  # RssFile: file-backed resident bytes (mapped files)
     tcache: int | None = None  # glibc: bytes in this thread's tcache (counted in "heap")
     mimalloc: Any = None  # mimalloc: what _Mimalloc.read kept, to recompute parts at the end
 
@@ -525,6 +527,7 @@ def _point(alloc: str, traced: bool, tcache: bool = False) -> _Point:
         shmem=st.rss_shmem,
         pymalloc=_pymalloc(),
         threads=_threads(),
+        file=st.rss_file,
         tcache=held,
         mimalloc=_mimalloc.last if alloc == "mimalloc" and _mimalloc is not None else None,
     )
@@ -755,6 +758,7 @@ def _diff_points(b: _Point, a: _Point) -> _Point:
         shmem=d(b.shmem, a.shmem),
         pymalloc=None,
         threads=abs(b.threads - a.threads),
+        file=d(b.file, a.file),
         tcache=d(b.tcache, a.tcache),
     )
 
@@ -821,6 +825,8 @@ class Report:
     pool_reclaimable: int | None = None
     mapped_leak: int | None = 0
     shmem_leak: int = 0
+    #: Part of ``mapped_leak``: file-backed resident bytes (files mapped and kept), steady growth.
+    file_leak: int = 0
     pymalloc_retention: int = 0
     arena_tops: int = 0
     native_reason: str | None = None
@@ -909,9 +915,11 @@ class Report:
         if name == "native_leak" and self.traced_growth is not None:
             extra.append(f"tracemalloc saw {format_bytes(max(self.traced_growth, 0))}")
         if name == "mapped_leak":
-            private = value - self.shmem_leak
+            private = value - self.shmem_leak - self.file_leak
             if self.shmem_leak >= self.noise_floor:
                 extra.append(f"shared memory {format_bytes(self.shmem_leak)}")
+            if self.file_leak >= self.noise_floor:
+                extra.append(f"mapped files {format_bytes(self.file_leak)}")
             if private >= self.noise_floor:
                 extra.append(f"private mappings {format_bytes(private)}")
         if extra:
@@ -956,7 +964,8 @@ class Report:
             "native_leak": "C code allocated without freeing; tracemalloc cannot see it. Run the "
             "workload under `memray run --native` or valgrind/heaptrack to find the caller.",
             "mapped_leak": "Mappings outside malloc stay (a library's own mmap allocator, "
-            "shared memory, multiprocessing heaps): compare /proc/self/maps before and after.",
+            "shared memory, multiprocessing heaps, mapped files): compare /proc/self/maps "
+            "before and after.",
             "allocator_retention": "Freed memory the allocator kept; memreclaim.trim() (or a "
             "watchdog) gives it back.",
             "pymalloc_retention": "A few long-lived small objects allocated during the spike "
@@ -1352,6 +1361,13 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
         series["shared memory"] = [(p.shmem or 0) - base.shmem for p in points]
         thresholds["shared memory"] = threshold(jit.shmem)
         shmem_leak, shmem_once = _judge(series["shared memory"], thresholds["shared memory"])
+    # Mapped files (RssFile): kept mappings of files a library maps per call. Code and data
+    # paged in once (a module's first use) is one-time growth, not live data: not counted.
+    file_leak = 0
+    if base.file is not None and all(p.file is not None for p in points):
+        series["mapped files"] = [(p.file or 0) - base.file for p in points]
+        thresholds["mapped files"] = threshold(jit.file)
+        file_leak, _ = _judge(series["mapped files"], thresholds["mapped files"])
 
     def arenas(p_pymalloc: tuple[int, int] | None) -> int:
         if p_pymalloc is None or base.pymalloc is None:
@@ -1409,7 +1425,7 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
                 )
     # Shared memory is judged under every allocator; private mappings need the allocator's
     # figures (with an unknown allocator they cannot be told from malloc's: native_reason).
-    mapped_leak = (private_leak or 0) + shmem_leak
+    mapped_leak = (private_leak or 0) + shmem_leak + file_leak
 
     # Threads (evidence).
     thread_growth = end.threads - base.threads
@@ -1508,6 +1524,7 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
         pool_reclaimable=pool_reclaimable,
         mapped_leak=mapped_leak,
         shmem_leak=shmem_leak,
+        file_leak=file_leak,
         pymalloc_retention=pym_ret,
         arena_tops=arena_tops,
         native_reason=reason if native_leak is None else None,

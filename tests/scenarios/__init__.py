@@ -39,7 +39,7 @@ class Scenario:
 
 
 _COMMON = """
-import ctypes, gc, mmap, random, threading, queue
+import ctypes, gc, mmap, random, tempfile, threading, queue
 from memreclaim import workloads
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -234,6 +234,19 @@ _add(
                 LEAK.append(m)
         """,
     ),
+    Scenario(
+        "mmap_file_kept",
+        "mapped_leak",
+        """
+        def work():
+            # A file mapped per call and kept (RssFile, neither anonymous nor shared memory).
+            with tempfile.TemporaryFile() as f:
+                f.truncate(2 * MiB)
+                m = mmap.mmap(f.fileno(), 2 * MiB)
+            m.write(b"f" * (2 * MiB))
+            LEAK.append(m)
+        """,
+    ),
     # ---- retention (not leaks)
     Scenario(
         "strings_spike",
@@ -356,6 +369,19 @@ _add(
             ps = [cmalloc(64 * 1024) for _ in range(200)]
             for p in ps:
                 libc.free(p)
+        """,
+    ),
+    Scenario(
+        "clean_file_mapping",
+        "clean",
+        """
+        def work():
+            # A file mapped, read and unmapped each call: its pages leave RSS with the mapping.
+            with tempfile.TemporaryFile() as f:
+                f.truncate(8 * MiB)
+                with mmap.mmap(f.fileno(), 8 * MiB) as m:
+                    m.write(b"c" * (8 * MiB))
+                    assert m[4 * MiB] == ord("c")
         """,
     ),
 )
