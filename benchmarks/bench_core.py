@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import gc
 import os
 import platform
 import statistics
@@ -110,14 +109,6 @@ def bench_rss(number: int, repeat: int) -> dict[str, float | None]:
     return out
 
 
-def fragmented_heap() -> list[tuple[str, float]]:
-    data = workloads.strings(160_000)
-    survivors = workloads.keep_every(data, 50)
-    del data
-    gc.collect()
-    return survivors
-
-
 def bench_trim(rounds: int) -> dict[str, list[float]]:
     libc_trim = ctypes.CDLL(None).malloc_trim
     libc_trim.argtypes = [ctypes.c_size_t]
@@ -128,7 +119,7 @@ def bench_trim(rounds: int) -> dict[str, list[float]]:
         if i % 2:
             order.reverse()
         for name in order:
-            keep = fragmented_heap()
+            keep = workloads.spike()
             before = memreclaim.rss()
             t0 = time.perf_counter()
             if name == "memreclaim.trim()":

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import gc
 import json
 import os
 import platform
@@ -45,14 +44,6 @@ from memreclaim import workloads
 MiB = 2**20
 PROBE_PERIOD = 0.001
 ALLOC_SIZE = 2048  # read at run time: not a constant expression CPython could fold
-
-
-def fragmented_heap() -> list[tuple[str, float]]:
-    data = workloads.strings(160_000)
-    kept = workloads.keep_every(data, 50)
-    del data
-    gc.collect()
-    return kept
 
 
 def spin(seconds: float) -> None:
@@ -179,7 +170,7 @@ async def scenario(name: str, seed: int) -> dict[str, Any]:
         watchdog.start()
         await asyncio.sleep(0.25)
 
-    kept = fragmented_heap()
+    kept = workloads.spike()
     retained = memreclaim.rss()
     result["heap_mib"] = round((retained - base) / MiB, 1)
 

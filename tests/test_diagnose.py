@@ -128,12 +128,9 @@ def test_mapped_files_kept_are_a_leak_outside_malloc(keep: bool) -> None:
 def test_seed000_spike_is_allocator_retention() -> None:
     r = run_report(
         """
+        from memreclaim import workloads
         before = snapshot()
-        rng = random.Random(0)
-        data = [("x" * rng.randint(600, 4000), rng.random()) for _ in range(160_000)]
-        survivors = data[::50]
-        del data
-        gc.collect()
+        survivors = workloads.spike()
         del survivors
         report = diagnose(before)
         """

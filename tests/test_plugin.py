@@ -19,6 +19,7 @@ pytest_plugins = ["pytester"]
 PRELUDE = """
 import ctypes, gc, random
 import pytest
+from memreclaim import workloads
 
 LEAK = []
 KEEP = []
@@ -33,11 +34,7 @@ def leaky():
 
 
 def spike_000():
-    rng = random.Random(0)
-    data = [("x" * rng.randint(600, 4000), rng.random()) for _ in range(160_000)]
-    survivors = data[::50]
-    del data
-    gc.collect()
+    survivors = workloads.spike()
     del survivors
 """
 

@@ -84,6 +84,8 @@ def test_workloads_shapes_and_errors() -> None:
     assert data == workloads.strings(100, seed=1)  # deterministic
     assert len(workloads.keep_every(data, 50)) == 2
     assert workloads.keep_every(data, 0) == []
+    assert workloads.spike(100, every=50) == workloads.keep_every(workloads.strings(100), 50)
+    assert workloads.spike(100, every=0) == []
     assert len(workloads.dicts(10)) == 10
     rounds: list[int] = []
     survivors = workloads.buffers(2, per_round=1, after_round=rounds.append)
@@ -97,6 +99,8 @@ def test_workloads_shapes_and_errors() -> None:
         workloads.buffers(1, after_round=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         workloads.keep_every(data, "2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        workloads.spike(10, every=-1)
 
 
 def test_integer_default_minimum_is_zero() -> None:

@@ -20,10 +20,12 @@ lands where the named allocator keeps it:
     >>> data = workloads.strings(10_000)
     >>> survivors = workloads.keep_every(data, 50)
     >>> del data
+    >>> survivors = workloads.spike(10_000, every=50)  # the same, in one call
 """
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -38,6 +40,7 @@ __all__ = [
     "small_object",
     "small_objects",
     "small_objects_intact",
+    "spike",
     "strings",
 ]
 
@@ -111,6 +114,17 @@ def keep_every(data: Sequence[_T], every: int) -> list[_T]:
     """Every ``every``-th item of ``data`` (0 keeps none): the survivors of a burst."""
     every = _validate.integer("every", every)
     return [] if every == 0 else list(data[::every])
+
+
+def spike(count: int = 160_000, every: int = 50) -> list[tuple[str, float]]:
+    """A burst over: :func:`strings` built, all but every ``every``-th freed (and garbage
+    collected); returns the survivors, which keep the freed heap pages around them pinned."""
+    every = _validate.integer("every", every)
+    data = strings(count)
+    survivors = keep_every(data, every)
+    del data
+    gc.collect()
+    return survivors
 
 
 def small_object(kind: int, i: int, n: int) -> object:
