@@ -48,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
                 with contextlib.suppress(Exception):
                     reader(pid)
         calls += 4 * args.calls
+    # mimalloc's heap walk: its argument errors, and its answer under another allocator.
+    for walk_args in ((64 * 1024, 1000), ("64", 1), (1, 0), (-1, 1), (1,)):
+        for _ in range(args.calls):
+            with contextlib.suppress(Exception):
+                _core.mimalloc_areas(*walk_args)
+        calls += args.calls
 
     tracemalloc.start()  # stats() then reads tracemalloc's totals (a tuple it must not leak)
     for _ in range(args.calls):
