@@ -130,7 +130,7 @@ def test_discipline_check_catches_a_leak() -> None:
     cases = lines[:-1]
     assert len(cases) == 2 and lines[-1]["failed"] == 2
     assert cases[0]["growth"]["blocks"] >= 90_000
-    assert cases[1]["growth"]["refs True"] >= 90_000
+    assert cases[1]["growth"]["refs TrimResult"] >= 90_000
 
 
 # ---- concurrency -------------------------------------------------------------------------------
