@@ -307,7 +307,7 @@ MUTANTS = [
         PKG + "pytest_plugin.py",
         "if leak is not None and report.leak_per_iteration > leak:",
         "if False:",
-        ("tests/test_plugin.py",),
+        ("tests/test_plugin.py", "-k", "not test_scenarios_through_marker_and_fixture"),
         depends=True,
     ),
     Mutant(
@@ -315,8 +315,37 @@ MUTANTS = [
         PKG + "pytest_plugin.py",
         "if retained is not None and report.retained > retained:",
         "if False:",
-        ("tests/test_plugin.py",),
+        ("tests/test_plugin.py", "-k", "not test_scenarios_through_marker_and_fixture"),
         depends=True,
+    ),
+    # --- diagnosis and plugin additions (issue 14)
+    Mutant(
+        "plugin-marker-trace-ignored",
+        PKG + "pytest_plugin.py",
+        "before: Snapshot = snapshot(trace=spec.trace, frames=spec.frames)",
+        "before: Snapshot = snapshot()",
+        ("tests/test_plugin.py", "-k", "not test_scenarios_through_marker_and_fixture"),
+    ),
+    Mutant(
+        "diagnosis-mapped-files-ignored",
+        PKG + "diagnosis.py",
+        "mapped_leak = (private_leak or 0) + shmem_leak + file_leak",
+        "mapped_leak = (private_leak or 0) + shmem_leak",
+        ("tests/test_diagnose.py",),
+    ),
+    Mutant(
+        "diagnosis-report-trim-dropped",
+        PKG + "diagnosis.py",
+        "        trim=result,\n",
+        "        trim=None,\n",
+        ("tests/test_diagnose.py", "tests/test_cli.py"),
+    ),
+    Mutant(
+        "mimalloc-walk-small-large-swapped",
+        PKG + "alloc.c",
+        "if (a->block_size <= out->small_max) {",
+        "if (a->block_size > out->small_max) {",
+        ("tests/test_core.py",),
     ),
 ]
 
@@ -333,9 +362,15 @@ def build() -> None:
         raise RuntimeError(f"build failed:\n{proc.stdout}\n{proc.stderr}")
 
 
+class NoTests(Exception):
+    """pytest selected no test for a mutant (exit status 5): neither killed nor survived."""
+
+
 def run_tests(tests: tuple[str, ...], workers: int, timeout: float) -> tuple[bool, str]:
     """(passed, last lines of the output) of pytest on ``tests``."""
-    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    # -m "": the slow tests (the plugin's) are the mutants' tests too; the default -m of the
+    # configuration would deselect them, and an empty run must not count as a kill.
+    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "", *tests]
     if workers > 1:
         argv[3:3] = ["-n", str(workers)]
     try:
@@ -343,6 +378,8 @@ def run_tests(tests: tuple[str, ...], workers: int, timeout: float) -> tuple[boo
     except subprocess.TimeoutExpired:
         return False, f"pytest still running after {timeout:g} s (counted as killed: a hang)"
     tail = "\n".join(proc.stdout.strip().splitlines()[-3:])
+    if proc.returncode == 5:  # pytest collected nothing: the mutant's test list is wrong
+        raise NoTests(f"no tests ran for {' '.join(tests)}:\n{tail}")
     return proc.returncode == 0, tail
 
 
@@ -390,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                     status = "survived" if passed else "killed"
                 except RuntimeError as exc:  # the mutant does not compile: not a test's merit
                     status, tail = "no-build", str(exc)[-500:]
+                except NoTests as exc:
+                    status, tail = "no-tests", str(exc)[-500:]
         finally:
             (ROOT / m.file).write_text(original)  # restored before anything else runs
             if rebuilt:
@@ -414,11 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     rate = killed / len(counted) if counted else 0.0
     print(
         f"\nkilled {killed} of {len(counted)} mutants ({rate:.0%});"
-        f" {len(results) - len(counted)} not run (stale/no-match/no-build)"
+        f" {len(results) - len(counted)} not run (stale/no-match/no-build/no-tests)"
     )
     if args.json:
         Path(args.json).write_text(json.dumps({"kill_rate": rate, "results": results}, indent=2))
-    if any(r["status"] in ("no-match", "no-build") for r in results):
+    if any(r["status"] in ("no-match", "no-build", "no-tests") for r in results):
         return 2
     return 0 if killed == len(counted) else 1
 
