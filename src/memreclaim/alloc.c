@@ -483,7 +483,7 @@ struct mr_mi_area {
 
 /* Called by mi_heap_visit_blocks for each page of the heap. It only adds numbers: nothing here
  * may allocate or free, since that would change the page queues being walked (a Python callback
- * did, and the walk never ended). */
+ * can; a walk made with one was once seen never ending in CI). */
 static bool mimalloc_area(const void *heap, const void *area, void *block, size_t block_size,
                           void *arg)
 {

@@ -129,8 +129,8 @@ class _Mimalloc:
         lib = ctypes.CDLL(None)
         version = allocator_version() or "0"
         self.major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
-        # The page walk runs in C (_core.mimalloc_areas): a Python callback allocates and frees
-        # while mimalloc follows its page queues, and under 2.0.9 such a walk never ended.
+        # The page walk runs in C (_core.mimalloc_areas): a Python callback allocates (and may
+        # free) while mimalloc follows its page queues; such a walk was once seen never ending.
         # 3.6 no longer exports mi_heap_get_backing: the walk is optional from 3.x on.
         self._walkable = True
         try:
