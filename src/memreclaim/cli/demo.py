@@ -467,7 +467,8 @@ def format_demo(result: DemoResult) -> str:
             "tracing off (--trace to turn it on): Python and native growth are judged together"
         )
     lines.append(
-        "alloc in use / free: the allocator's own figures (heap_stats(); mallinfo2 on glibc)"
+        "alloc in use / free: the allocator's own figures (heap_stats(); mallinfo2 on glibc,"
+        " whose free bytes still count the free chunks whose pages trim gave back)"
     )
     if not result.leak:
         lines.append(
