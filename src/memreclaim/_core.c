@@ -705,8 +705,10 @@ static int parse_pid(PyObject *arg, int *pid)
     }
     value = PyLong_AsLong(arg);
     if (value == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        value = -1;
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return -1; /* not an out-of-range pid: let it through */
+        }
+        PyErr_Clear(); /* out of range: the ValueError below */
     }
     if (value < 1 || value > INT_MAX) {
         PyErr_Format(PyExc_ValueError, "pid must be a positive process ID, got %R", arg);

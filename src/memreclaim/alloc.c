@@ -512,8 +512,7 @@ static bool mimalloc_area(const void *heap, const void *area, void *block, size_
 int mr_mimalloc_areas(mr_mi_areas *out)
 {
     void *heap;
-    (void)mr_backend_detect();
-    if (detected->kind != MR_ALLOC_MIMALLOC || sym.mi_heap_get_backing == NULL ||
+    if (mr_backend_detect()->kind != MR_ALLOC_MIMALLOC || sym.mi_heap_get_backing == NULL ||
         sym.mi_heap_visit_blocks == NULL) {
         return ENOTSUP;
     }

@@ -60,7 +60,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _validate
-from ._core import TrimResult, UnsupportedAllocatorError, allocator, heap_stats, stats
+from ._core import (
+    TrimResult,
+    UnsupportedAllocatorError,
+    allocator,
+    heap_stats,
+    mimalloc_areas,
+    stats,
+)
 from .pools import PoolReclaimUnavailable, estimate_pool_reclaim, pool_reclaim_status
 from .units import format_bytes
 
@@ -205,8 +212,6 @@ class _Mimalloc:
 
     def _walk(self) -> dict[str, Any]:
         """This thread's heap, page by page; OSError (EOVERFLOW) past ``_MAX_AREAS`` pages."""
-        from ._core import mimalloc_areas
-
         return mimalloc_areas(self._SMALL, self._MAX_AREAS)
 
     def read(self) -> tuple[dict[str, int], int]:
@@ -1147,11 +1152,10 @@ def _own(filename: str) -> bool:
     return filename.startswith(_PACKAGE + os.sep) and filename != os.path.join(_PACKAGE, _WORKLOADS)
 
 
-def _top_sites(
-    after: tracemalloc.Snapshot, before: tracemalloc.Snapshot, top: int
-) -> tuple[AllocationSite, ...]:
-    # memreclaim's own and tracemalloc's allocations are not the workload's; the shared
-    # workloads (memreclaim.workloads: the demo's, the benchmarks') are.
+@functools.cache
+def _site_filters() -> list[tracemalloc.Filter]:
+    """memreclaim's own and tracemalloc's allocations are not the workload's; the shared
+    workloads (memreclaim.workloads: the demo's, the benchmarks') are."""
     filters = [tracemalloc.Filter(False, tracemalloc.__file__)]
     for own in os.listdir(_PACKAGE):
         if own != _WORKLOADS:
@@ -1159,6 +1163,13 @@ def _top_sites(
             filters.append(
                 tracemalloc.Filter(False, os.path.join(path, "*") if os.path.isdir(path) else path)
             )
+    return filters
+
+
+def _top_sites(
+    after: tracemalloc.Snapshot, before: tracemalloc.Snapshot, top: int
+) -> tuple[AllocationSite, ...]:
+    filters = _site_filters()
     diffs = after.filter_traces(filters).compare_to(before.filter_traces(filters), "traceback")
     by_line: dict[tuple[str, int], list[Any]] = {}
     for diff in diffs:
