@@ -593,3 +593,35 @@ def test_glibc_tcache_is_read() -> None:
     # 32..1040 bytes: 34,304 bytes), and counts it.
     assert after - before >= 5 * 496, r["notes"]
     assert -4096 <= again - after <= 34_304 + 4096, r["notes"]  # 4 KiB: Python's own mallocs
+
+
+def test_top_sites_leave_out_memreclaim_and_tracemalloc_but_not_the_workloads() -> None:
+    # Raw snapshots (tracemalloc's trace tuples: domain, size, frames most recent first, number
+    # of frames): a site is judged by the frame that allocated, whatever called it.
+    import memreclaim.diagnosis as diagnosis
+    from memreclaim import workloads
+
+    own, shared = diagnosis.__file__, workloads.__file__
+    user = "/srv/app/handlers.py"
+
+    def trace(size: int, *frames: tuple[str, int]) -> tuple[int, int, tuple[Any, ...], int]:
+        return (0, size, frames, len(frames))
+
+    after = tracemalloc.Snapshot(
+        [
+            trace(4 * MiB, (user, 10)),
+            trace(3 * MiB, (shared, 20), (user, 11)),  # the shared workloads are the user's
+            trace(2 * MiB, (own, 30), (user, 12)),  # memreclaim's own, called by the user
+            trace(MiB, (tracemalloc.__file__, 40), (own, 31)),
+            trace(MiB, (user, 13), (own, 32)),  # the user's, called back by memreclaim
+        ],
+        10,
+    )
+    sites = diagnosis._top_sites(after, tracemalloc.Snapshot([], 10), 10)
+    assert [(s.filename, s.lineno, s.size) for s in sites] == [
+        (user, 10, 4 * MiB),
+        (shared, 20, 3 * MiB),
+        (user, 13, MiB),
+    ]
+    # A stack leaves memreclaim's own frames out.
+    assert sites[2].traceback == ("/srv/app/handlers.py:13",), sites[2]

@@ -341,6 +341,20 @@ MUTANTS = [
         ("tests/test_diagnose.py", "tests/test_cli.py"),
     ),
     Mutant(
+        "diagnosis-own-sites-listed",
+        PKG + "diagnosis.py",
+        "        if _not_the_workloads(frame.filename):\n            continue\n",
+        "",
+        ("tests/test_diagnose.py",),
+    ),
+    Mutant(
+        "diagnosis-workload-sites-dropped",
+        PKG + "diagnosis.py",
+        "    return _own(filename) or filename == _TRACEMALLOC",
+        "    return filename.startswith(_PACKAGE) or filename == _TRACEMALLOC",
+        ("tests/test_diagnose.py",),
+    ),
+    Mutant(
         "mimalloc-walk-small-large-swapped",
         PKG + "alloc.c",
         "if (a->block_size <= out->small_max) {",
