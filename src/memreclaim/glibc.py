@@ -79,11 +79,13 @@ def set_arena_max(n: int) -> None:
         OverflowError: ``n`` does not fit in 64 bits.
         UnsupportedAllocatorError: glibc does not serve malloc.
     """
-    try:
-        existing = len(arenas())  # counted before the change, which must be the last step
-    except UnsupportedAllocatorError:
-        existing = 0  # no malloc_info: set_arena_max below raises too, or cannot be checked
     _core.set_arena_max(n)  # validates its argument before it changes anything
+    # Counted after the change (which creates and frees no arena), so that bad input costs no
+    # parse of malloc_info()'s XML.
+    try:
+        existing = len(arenas())
+    except UnsupportedAllocatorError:
+        existing = 0  # glibc without malloc_info (hidden, or a wrapper): cannot be checked
     if existing > 1:
         warnings.warn(
             f"set_arena_max({n}) is late: glibc already has {existing} arenas, keeps them, and"
