@@ -859,20 +859,21 @@ def test_two_runners_share_one_trim_lock_and_count_each_trim_once() -> None:
 def test_pinned_survivors_cost_few_trims_and_a_later_free_goes_back(
     run_python: Any,
 ) -> None:
-    """Survivors pin more than slack: <= 5 unproductive trims in 20 s-equivalent of 0.1 s ticks
-    with min_interval=0.1/backoff_max=1.0; then the cache is freed and given back."""
+    """Survivors pin more than slack: <= 5 unproductive trims in 200 ticks (0.02 s apart, with
+    min_interval=0.02 and backoff_max=0.2: 20 times the cap); then the cache is freed and given
+    back."""
     result = run_python(
         """
         import threading
         from memreclaim import BackgroundTrimmer, PacingPolicy, workloads
-        policy = PacingPolicy(slack="16 MiB", min_interval=0.1, backoff_max=1.0)
+        policy = PacingPolicy(slack="16 MiB", min_interval=0.02, backoff_max=0.2)
         wait = threading.Event()
-        with BackgroundTrimmer(interval=0.1, policy=policy) as t:
+        with BackgroundTrimmer(interval=0.02, policy=policy) as t:
             base = memreclaim.rss()
             cache = workloads.strings(100_000)           # ~230 MiB, all live
             pinned = memreclaim.rss()
             start = t.counters.ticks
-            for _ in range(3000):                        # bounded: 200 ticks = 20 s at 0.1 s
+            for _ in range(3000):                        # deadline: 30 s (200 ticks: 4 s)
                 if t.counters.ticks >= start + 200:
                     break
                 wait.wait(0.01)
