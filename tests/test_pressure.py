@@ -56,6 +56,25 @@ def test_memory_events_increment_fires(tmp_path: Path) -> None:
     assert rec.events[0].detail == "high +3"
 
 
+def test_memory_events_read_while_rewritten_is_not_counted_again(tmp_path: Path) -> None:
+    # A read that finds the file empty (caught between truncation and write) keeps the counters:
+    # reset to 0, the next read would report every event since the start again ("high +8").
+    path = tmp_path / "memory.events"
+    path.write_text(EVENTS.format(high=5))
+    rec = Recorder()
+    w = PressureWatcher(rec, psi=None, events=str(path), min_interval=0)
+    opened = w._open()  # the watcher's own polling step, driven here without its thread
+    try:
+        (src,) = opened
+        path.write_text("")
+        w._check(src)
+        path.write_text(EVENTS.format(high=8))
+        w._check(src)
+    finally:
+        w._close_fds(opened)
+    assert [event.detail for event in rec.events] == ["high +3"]
+
+
 def _psi(total: int) -> str:
     return (
         f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n"

@@ -355,6 +355,13 @@ MUTANTS = [
         ("tests/test_diagnose.py",),
     ),
     Mutant(
+        "pressure-empty-read-resets-counters",
+        PKG + "pressure.py",
+        "counters = {**src.counters, **_counters(_pread(src.fd))}",
+        "counters = _counters(_pread(src.fd))",
+        ("tests/test_pressure.py",),
+    ),
+    Mutant(
         "mimalloc-walk-small-large-swapped",
         PKG + "alloc.c",
         "if (a->block_size <= out->small_max) {",

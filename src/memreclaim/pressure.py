@@ -405,7 +405,9 @@ class PressureWatcher:
     def _check(self, src: _Source) -> None:
         """Read a polled file; fire if it shows pressure since the last read."""
         if src.kind == "memory.events":
-            counters = _counters(_pread(src.fd))
+            # A counter missing from a read (a failed or empty one: a file being rewritten) keeps
+            # its last value; taken as 0 it would count everything since boot again next time.
+            counters = {**src.counters, **_counters(_pread(src.fd))}
             grew = {
                 k: counters[k] - src.counters.get(k, 0)
                 for k in _EVENT_COUNTERS
