@@ -343,7 +343,7 @@ MUTANTS = [
     Mutant(
         "diagnosis-own-sites-listed",
         PKG + "diagnosis.py",
-        "        if _not_the_workloads(frame.filename):\n            continue\n",
+        "        if _hidden_site(frame.filename):\n            continue\n",
         "",
         ("tests/test_diagnose.py",),
     ),

@@ -1145,7 +1145,7 @@ def _clip(value: int | None) -> int:
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _WORKLOADS = "workloads.py"
-_TRACEMALLOC = tracemalloc.__file__
+_TRACEMALLOC = tracemalloc.__file__.removesuffix("c")  # as Filter did: a .pyc is its .py
 
 
 def _own(filename: str) -> bool:
@@ -1153,10 +1153,10 @@ def _own(filename: str) -> bool:
     return filename.startswith(_PACKAGE + os.sep) and filename != os.path.join(_PACKAGE, _WORKLOADS)
 
 
-def _not_the_workloads(filename: str) -> bool:
-    """Whether an allocation made at ``filename`` (its most recent frame) is memreclaim's own or
-    tracemalloc's, not the workload's; the shared workloads (memreclaim.workloads: the demo's,
-    the benchmarks') are the workload's."""
+def _hidden_site(filename: str) -> bool:
+    """Whether an allocation made at ``filename`` (its most recent frame) is left out of the top
+    sites: memreclaim's own and tracemalloc's are; the shared workloads (memreclaim.workloads:
+    the demo's, the benchmarks') are the workload's, and stay."""
     return _own(filename) or filename == _TRACEMALLOC
 
 
@@ -1171,7 +1171,7 @@ def _top_sites(
         if diff.size_diff <= 0 or not len(diff.traceback):
             continue
         frame = diff.traceback[-1]
-        if _not_the_workloads(frame.filename):
+        if _hidden_site(frame.filename):
             continue
         key = (frame.filename, frame.lineno)
         entry = by_line.setdefault(key, [0, 0, diff.traceback, 0])
