@@ -14,7 +14,7 @@ The policy layer (the watchdogs in :mod:`memreclaim.watchdog`, the diagnosis eng
 
 from __future__ import annotations
 
-from . import _accounting, _core
+from . import _accounting, _core, _libraries
 from ._core import (
     MMAP_THRESHOLD_MAX,
     HeapStats,
@@ -28,7 +28,6 @@ from ._core import (
     pin_mmap_threshold,
     rss,
     set_trim_threshold,
-    stats,
 )
 from ._version import __version__
 
@@ -157,14 +156,34 @@ def trim(*, pools: bool = False) -> TrimResult:
     Every call is counted once in the process-wide totals that the metrics report. When
     memreclaim cannot act on the allocator serving malloc, ``method`` is ``'none'``,
     ``reason`` says why, and the first such call in the process warns (``RuntimeWarning``).
-    When pyarrow is already imported, its memory pool is asked to release too; ``parts`` says
-    what each allocator gave back.
+    When a library with an allocator of its own is already imported (pyarrow's memory pool), it
+    is asked to release too, from the calling thread, whichever thread that is; ``parts`` says
+    what each allocator gave back. ``stats().libraries`` names the library allocators that
+    memreclaim cannot release, and the setting that does work for each.
     """
-    result = _core.trim(pools=pools)
+    result = _core.trim(pools=pools, libraries=_libraries.releasers())
     _accounting.record(result.released, result.seconds)
     if result.reason is not None:
         _warn_cannot_act(result.reason)
     return result
+
+
+def stats(*, heap: bool = False) -> MemoryStats:
+    """RSS broken down, tracemalloc's totals, the allocator, and the libraries' allocators.
+
+    ``rss``, ``rss_anon``, ``rss_file``, ``rss_shmem``, ``peak_rss`` and ``swap`` come from
+    ``/proc/self/status``; ``traced_current``/``traced_peak`` from tracemalloc (None when it is
+    not tracing); ``allocator``, ``via`` and ``reason`` say which allocator serves malloc and,
+    if memreclaim cannot act on it, why. ``libraries`` describes the allocators inside
+    already-imported libraries (pyarrow's pool, polars' and duckdb's bundled jemalloc): which
+    ones :func:`trim` releases, what they report in use, and the setting that works for the
+    others. ``heap=True`` adds the allocator's own figures (:func:`heap_stats`).
+
+    Raises:
+        TypeError: ``heap`` is not a bool.
+        OSError: ``/proc/self/status`` cannot be read.
+    """
+    return _core.stats(heap=heap, libraries=_libraries.figures())
 
 
 _warned_cannot_act = False

@@ -49,8 +49,8 @@ static PyStructSequence_Field trim_result_fields[] = {
     {"via", "the forwarding LD_PRELOAD wrapper through which malloc reaches glibc, or None"},
     {"reason", "why trim() could not act (method 'none'), or None when it did"},
     {"parts", "dict: bytes each allocator gave back, measured around its own call: the process "
-              "allocator's name, 'pymalloc' with pools=True, 'pyarrow' when pyarrow's pool was "
-              "asked (None where /proc could not be read)"},
+              "allocator's name, 'pymalloc' with pools=True, and one per library released "
+              "(e.g. 'pyarrow'; None where /proc could not be read)"},
     {NULL, NULL},
 };
 
@@ -75,8 +75,8 @@ static PyStructSequence_Field memory_stats_fields[] = {
     {"via", "the forwarding LD_PRELOAD wrapper through which malloc reaches glibc, or None"},
     {"reason", "why memreclaim cannot act on the allocator serving malloc, or None"},
     {"libraries",
-     "dict: the figures of allocators inside already-imported libraries, e.g. "
-     "{'pyarrow': {'backend': 'jemalloc', 'bytes_allocated': ..., 'max_memory': ...}}"},
+     "dict: the allocators inside already-imported libraries, by library: whether "
+     "memreclaim can release them and what they report (memreclaim.stats() fills it in)"},
     {NULL, NULL},
 };
 
@@ -241,33 +241,32 @@ static PyObject *str_or_none(const char *text)
     return PyUnicode_FromString(text);
 }
 
-/* pyarrow's default memory pool and its backend name ('jemalloc', 'mimalloc' or 'system'), if
- * pyarrow is already imported: never imports it. Returns 1 with new references in *pool and
- * *backend, 0 when pyarrow is not imported, -1 with an exception set. */
-static int pyarrow_pool(PyObject **pool, PyObject **backend)
+/* The `libraries` argument of trim(): a tuple of (name, release) pairs, each a str and a
+ * callable, that the Python layer builds for the already-imported libraries whose own allocator
+ * memreclaim can release (the C core names no Python package). Returns 0, or -1 with TypeError
+ * set, before anything is released. */
+static int check_libraries(PyObject *libraries)
 {
-    PyObject *name, *pyarrow;
-    *pool = *backend = NULL;
-    name = PyUnicode_FromString("pyarrow");
-    if (name == NULL) {
+    if (!PyTuple_Check(libraries)) {
+        PyErr_Format(PyExc_TypeError, "trim() libraries must be a tuple, not %.100s",
+                     Py_TYPE(libraries)->tp_name);
         return -1;
     }
-    pyarrow = PyImport_GetModule(name);
-    Py_DECREF(name);
-    if (pyarrow == NULL) {
-        return PyErr_Occurred() ? -1 : 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(libraries); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(libraries, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0)) ||
+            !PyCallable_Check(PyTuple_GET_ITEM(pair, 1))) {
+            PyErr_Format(PyExc_TypeError,
+                         "trim() libraries[%zd] must be a (str, callable) pair, not %.100s", i,
+                         Py_TYPE(pair)->tp_name);
+            return -1;
+        }
+        if (PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0)) == NULL) { /* cached for the parts */
+            return -1;
+        }
     }
-    *pool = PyObject_CallMethod(pyarrow, "default_memory_pool", NULL);
-    Py_DECREF(pyarrow);
-    if (*pool == NULL) {
-        return -1;
-    }
-    *backend = PyObject_GetAttrString(*pool, "backend_name");
-    if (*backend == NULL) {
-        Py_CLEAR(*pool);
-        return -1;
-    }
-    return 1;
+    return 0;
 }
 
 /* parts[key] = bytes, or None when either reading failed. Returns -1 with an exception set. */
@@ -292,42 +291,37 @@ static int set_part(PyObject *parts, const char *key, int before_err, const mr_r
 /* ---- trim ----------------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(trim_doc,
-             "trim(*, pools=False) -> TrimResult\n\n"
+             "trim(*, pools=False, libraries=()) -> TrimResult\n\n"
              "Give free memory back to the kernel with the live allocator's own call\n"
              "(glibc malloc_trim(0), jemalloc arena purge, mimalloc mi_collect(true),\n"
              "tcmalloc ReleaseFreeMemory; nothing for an unknown allocator, and then\n"
-             "TrimResult.reason says why). The GIL is released during that call. When pyarrow\n"
-             "is already imported, its default memory pool is asked to release_unused() first\n"
-             "(unless it is the 'system' pool, which is malloc's). With pools=True, empty\n"
+             "TrimResult.reason says why). The GIL is released during that call. `libraries`\n"
+             "is a tuple of (name, release) pairs: each callable is called first, with the\n"
+             "GIL held, and what it gave back is parts[name] (memreclaim.trim() passes the\n"
+             "already-imported libraries' pools, such as pyarrow's). With pools=True, empty\n"
              "pymalloc pools are given back too (needs memreclaim.enable_pool_reclaim()).\n"
              "TrimResult.parts says what each allocator gave back.");
 
 static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"pools", NULL};
+    static char *keywords[] = {"pools", "libraries", NULL};
     core_state *state = get_state(module);
-    PyObject *pools_arg = NULL, *parts = NULL, *result = NULL, *item;
-    PyObject *arrow_pool = NULL, *arrow_backend = NULL;
+    PyObject *pools_arg = NULL, *libraries = NULL, *parts = NULL, *result = NULL, *item;
     const mr_pools_capi *pools = NULL;
     const mr_backend *backend = state->backend;
     mr_pools_result pools_result = {0, 0};
     mr_rss_sample before, mark, after;
-    int with_pools, before_err, mark_err, after_err, trim_err, arrow;
+    int with_pools, before_err, mark_err, after_err, trim_err;
     double started, seconds;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$O:trim", keywords, &pools_arg) ||
-        parse_flag(pools_arg, "pools", &with_pools) < 0) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OO:trim", keywords, &pools_arg,
+                                     &libraries) ||
+        parse_flag(pools_arg, "pools", &with_pools) < 0 ||
+        (libraries != NULL && check_libraries(libraries) < 0)) {
         return NULL;
     }
     if (with_pools && (pools = get_pools(state)) == NULL) {
         return NULL;
-    }
-    arrow = pyarrow_pool(&arrow_pool, &arrow_backend);
-    if (arrow < 0) {
-        return NULL;
-    }
-    if (arrow > 0 && PyUnicode_CompareWithASCIIString(arrow_backend, "system") == 0) {
-        arrow = 0; /* the system pool is malloc's: the process allocator's trim covers it */
     }
     parts = PyDict_New();
     if (parts == NULL) {
@@ -340,16 +334,19 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
     mark = before;
     mark_err = before_err;
     started = monotonic_seconds();
-    if (arrow > 0) {
-        /* A library's own allocator (pyarrow bundles jemalloc or mimalloc): its memory is not
-         * malloc's, so only its own call gives it back. */
-        item = PyObject_CallMethod(arrow_pool, "release_unused", NULL);
-        if (item == NULL) {
+    /* Allocators inside libraries (pyarrow bundles jemalloc or mimalloc): their memory is not
+     * malloc's, so only their own call gives it back. Each release is a Python callable. */
+    for (Py_ssize_t i = 0; libraries != NULL && i < PyTuple_GET_SIZE(libraries); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(libraries, i);
+        const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0)); /* checked above */
+        item = PyObject_CallNoArgs(PyTuple_GET_ITEM(pair, 1));
+        if (item == NULL || name == NULL) {
+            Py_XDECREF(item);
             goto error;
         }
         Py_DECREF(item);
         after_err = mr_statm_read(&state->statm, &after);
-        if (set_part(parts, "pyarrow", mark_err, &mark, after_err, &after) < 0) {
+        if (set_part(parts, name, mark_err, &mark, after_err, &after) < 0) {
             goto error;
         }
         mark = after;
@@ -430,15 +427,11 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
     }
     PyStructSequence_SetItem(result, 11, item);
     PyStructSequence_SetItem(result, 12, parts); /* the result owns it now */
-    Py_XDECREF(arrow_pool);
-    Py_XDECREF(arrow_backend);
     return result;
 error:
     /* `parts` is handed to the result only on success, as its last step. */
     Py_XDECREF(parts);
     Py_XDECREF(result);
-    Py_XDECREF(arrow_pool);
-    Py_XDECREF(arrow_backend);
     return NULL;
 }
 
@@ -577,72 +570,33 @@ static int traced_memory(PyObject **current, PyObject **peak)
     return 0;
 }
 
-/* {'pyarrow': {'backend': ..., 'bytes_allocated': ..., 'max_memory': ...}} when pyarrow is already
- * imported, else {}. Returns a new reference, or NULL with an exception set. */
-static PyObject *library_figures(void)
-{
-    PyObject *pool, *backend, *libraries, *figures = NULL, *value;
-    static const char *const methods[] = {"bytes_allocated", "max_memory"};
-    int arrow = pyarrow_pool(&pool, &backend);
-
-    if (arrow < 0 || (libraries = PyDict_New()) == NULL) {
-        Py_XDECREF(pool);
-        Py_XDECREF(backend);
-        return NULL;
-    }
-    if (arrow == 0) {
-        return libraries;
-    }
-    figures = PyDict_New();
-    if (figures == NULL || PyDict_SetItemString(figures, "backend", backend) < 0) {
-        goto error;
-    }
-    for (size_t i = 0; i < 2; i++) {
-        value = PyObject_CallMethod(pool, methods[i], NULL);
-        if (value == NULL) {
-            goto error;
-        }
-        if (PyDict_SetItemString(figures, methods[i], value) < 0) {
-            Py_DECREF(value);
-            goto error;
-        }
-        Py_DECREF(value);
-    }
-    if (PyDict_SetItemString(libraries, "pyarrow", figures) < 0) {
-        goto error;
-    }
-    Py_DECREF(figures);
-    Py_DECREF(pool);
-    Py_DECREF(backend);
-    return libraries;
-error:
-    Py_XDECREF(figures);
-    Py_DECREF(libraries);
-    Py_DECREF(pool);
-    Py_DECREF(backend);
-    return NULL;
-}
-
 PyDoc_STRVAR(stats_doc,
-             "stats(*, heap=False) -> MemoryStats\n\n"
+             "stats(*, heap=False, libraries=None) -> MemoryStats\n\n"
              "RSS broken down from /proc/self/status, tracemalloc's traced totals (None when\n"
              "not tracing), the allocator's name (with the wrapper it is reached through, and\n"
-             "why memreclaim cannot act on it, if so), and the figures of allocators inside\n"
-             "already-imported libraries (pyarrow's memory pool). heap=True adds the allocator's\n"
+             "why memreclaim cannot act on it, if so), and `libraries`: the figures of allocators\n"
+             "inside already-imported libraries, a dict the Python layer passes in (a new empty\n"
+             "dict when None; the C core names no Python package). heap=True adds the allocator's\n"
              "own figures (see heap_stats(); on glibc that walks the heap). Raises OSError when\n"
              "/proc/self/status cannot be read.");
 
 static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"heap", NULL};
+    static char *keywords[] = {"heap", "libraries", NULL};
     core_state *state = get_state(module);
     PyObject *heap_arg = NULL, *heap = NULL, *current = NULL, *peak = NULL, *result = NULL;
-    PyObject *via = NULL, *reason = NULL, *libraries = NULL;
+    PyObject *via = NULL, *reason = NULL, *libraries = NULL, *libraries_arg = NULL;
     mr_status status;
     int with_heap, err;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$O:stats", keywords, &heap_arg) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OO:stats", keywords, &heap_arg,
+                                     &libraries_arg) ||
         parse_flag(heap_arg, "heap", &with_heap) < 0) {
+        return NULL;
+    }
+    if (libraries_arg != NULL && libraries_arg != Py_None && !PyDict_Check(libraries_arg)) {
+        PyErr_Format(PyExc_TypeError, "stats() libraries must be a dict or None, not %.100s",
+                     Py_TYPE(libraries_arg)->tp_name);
         return NULL;
     }
     err = mr_status_read(0, &status);
@@ -660,7 +614,9 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
     }
     if (traced_memory(&current, &peak) < 0 || (via = str_or_none(mr_backend_via())) == NULL ||
         (reason = str_or_none(mr_backend_reason())) == NULL ||
-        (libraries = library_figures()) == NULL) {
+        (libraries = (libraries_arg == NULL || libraries_arg == Py_None)
+                         ? PyDict_New()
+                         : Py_NewRef(libraries_arg)) == NULL) {
         goto error;
     }
     result = PyStructSequence_New(state->memory_stats_type);
