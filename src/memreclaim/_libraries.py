@@ -58,6 +58,15 @@ def releasers() -> tuple[Releaser, ...]:
     return (("pyarrow", _release_arrow),)
 
 
+def in_use() -> int:
+    """Bytes the releasable library pools report in use (0 when none is imported): cheap, for
+    a runner's tick (pyarrow: ``bytes_allocated()``)."""
+    found = _arrow_pool()
+    if found is None or found[1].backend_name == "system":
+        return 0
+    return int(found[1].bytes_allocated())
+
+
 _UNREACHABLE: dict[str, dict[str, Any]] = {
     "polars": {
         "modules": ("_polars_runtime_32", "_polars_runtime_64", "_polars_runtime_compat"),

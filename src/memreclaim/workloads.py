@@ -11,6 +11,10 @@ lands where the named allocator keeps it:
   keeps the whole arena.
 - :func:`buffers`: rounds of 1-5 MiB buffers with small strings between them; freeing a large
   mmapped block raises glibc's adaptive mmap threshold, so later buffers land in the heap.
+- :func:`library_spike`: one burst of work through a real library's own data structures
+  (numpy, pandas, pyarrow, Pillow, polars, or the stdlib's json), which lands where that
+  library's allocator keeps it: glibc's heap and thread arenas, pyarrow's pool, polars'
+  bundled jemalloc. The library is imported by the call, never by ``import memreclaim``.
 - :func:`small_objects`: a batch of objects of many pymalloc size classes (bytes, tuples,
   dicts, lists, floats, frozensets, strings), each rebuilt exactly from its key by
   :func:`small_object`, so that :func:`small_objects_intact` can check every one's content
@@ -33,10 +37,12 @@ from typing import TypeVar
 from . import _validate
 
 __all__ = [
+    "LIBRARIES",
     "SMALL_KINDS",
     "buffers",
     "dicts",
     "keep_every",
+    "library_spike",
     "small_object",
     "small_objects",
     "small_objects_intact",
@@ -125,6 +131,125 @@ def spike(count: int = 160_000, every: int = 50) -> list[tuple[str, float]]:
     del data
     gc.collect()
     return survivors
+
+
+LIBRARIES = ("numpy", "pandas", "pyarrow", "pillow", "polars", "json")
+"""The libraries :func:`library_spike` knows, by the name it takes."""
+
+
+def _numpy_spike(scale: float, keep: int) -> list[object]:
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    kept: list[object] = []
+    for i in range(int(160 * scale)):
+        a = rng.random(int(rng.integers(60_000, 500_000)))  # 0.5-4 MB float64 buffers
+        b = np.sort(a * 2.0 + 1.0)
+        if i % keep == 0:
+            kept.append(b[:2000].copy())
+    return kept
+
+
+def _pandas_spike(scale: float, keep: int) -> list[object]:
+    import numpy as np
+    import pandas as pd
+
+    n = int(400_000 * scale)
+    rng = np.random.default_rng(7)
+    frame = pd.DataFrame(
+        {
+            "key": [f"key{i % 5000}" for i in range(n)],
+            "text": [f"value-{i}-" * 3 for i in range(n)],
+            "x": rng.random(n),
+        }
+    )
+    grouped = frame.groupby("key").agg({"x": "sum", "text": "first"})
+    merged = frame.merge(grouped, left_on="key", right_index=True)
+    # Survivors are plain records: a slice of an Arrow-backed column would keep its buffers.
+    return [merged.iloc[i : i + 1].to_dict("records") for i in range(0, min(len(merged), 20_000), keep)]
+
+
+def _pyarrow_spike(scale: float, keep: int) -> list[object]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kept: list[object] = []
+    for i in range(int(60 * scale)):
+        strings = pa.array([f"row-{j}-{i}" * 4 for j in range(40_000)])
+        table = pa.table({"s": strings, "n": pa.array(range(40_000))})
+        ordered = table.sort_by([("s", "descending")])
+        upper = pc.utf8_upper(ordered["s"])
+        if i % keep == 0:
+            kept.append(upper.slice(0, 100).combine_chunks())
+    return kept
+
+
+def _pillow_spike(scale: float, keep: int) -> list[object]:
+    from PIL import Image
+
+    rng = random.Random(7)
+    kept: list[object] = []
+    for i in range(int(120 * scale)):
+        side = int(rng.uniform(700, 2000))  # 0.5-4 Mpx
+        image = Image.frombytes("RGB", (side, side), rng.randbytes(side * side * 3))
+        turned = image.transpose(Image.Transpose.ROTATE_90)
+        resized = turned.resize((side * 3 // 4, side * 3 // 4))
+        if i % keep == 0:
+            kept.append(resized.resize((64, 64)))
+        del image, turned, resized
+    return kept
+
+
+def _polars_spike(scale: float, keep: int) -> list[object]:
+    import polars as pl
+
+    n = int(500_000 * scale)
+    left = pl.DataFrame({"k": [i % 50_000 for i in range(n)], "s": [f"v{i}" * 3 for i in range(n)]})
+    right = pl.DataFrame({"k": list(range(50_000)), "t": [f"w{i}" * 5 for i in range(50_000)]})
+    joined = left.join(right, on="k").sort("s")
+    return [joined.row(i) for i in range(0, min(len(joined), 20_000), keep)]
+
+
+def _json_spike(scale: float, keep: int) -> list[object]:
+    import json
+
+    kept: list[object] = []
+    for i in range(int(40 * scale)):
+        records = [{"id": j, "name": f"user-{j}" * 8, "tags": ["a", "b", str(j)]} for j in range(8000)]
+        decoded = json.loads(json.dumps(records))
+        if i % keep == 0:
+            kept.append(decoded[:50])
+    return kept
+
+
+_LIBRARY_SPIKES: dict[str, Callable[[float, int], list[object]]] = {
+    "numpy": _numpy_spike,
+    "pandas": _pandas_spike,
+    "pyarrow": _pyarrow_spike,
+    "pillow": _pillow_spike,
+    "polars": _polars_spike,
+    "json": _json_spike,
+}
+
+
+def library_spike(library: str, *, scale: float = 1.0, every: int = 20) -> list[object]:
+    """One burst of work through ``library`` (a name in :data:`LIBRARIES`); every ``every``-th
+    result survives and is returned, everything else is freed (and garbage collected).
+
+    At ``scale=1.0`` each burst peaks at a few hundred MiB: numpy sorts 160 arrays of 0.5-4 MB;
+    pandas builds, groups and merges 400,000 rows (its strings live in pyarrow's pool from pandas
+    3 on); pyarrow sorts and upper-cases 60 tables of 40,000 strings; Pillow turns and resizes
+    120 noise images of 0.5-4 Mpx; polars joins and sorts 500,000 rows; json dumps and loads 40
+    lists of 8,000 records. Raises ImportError when the library is not installed.
+    """
+    if library not in _LIBRARY_SPIKES:
+        raise ValueError(f"library must be one of {', '.join(LIBRARIES)}, not {library!r}")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not 0 < scale <= 16:
+        raise ValueError(f"scale must be a number in (0, 16], not {scale!r}")
+    every = _validate.integer("every", every, minimum=1)
+    kept = _LIBRARY_SPIKES[library](float(scale), every)
+    gc.collect()
+    return kept
 
 
 def small_object(kind: int, i: int, n: int) -> object:
