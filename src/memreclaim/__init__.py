@@ -27,6 +27,7 @@ from ._core import (
     malloc_info,
     pin_mmap_threshold,
     rss,
+    set_purge_delay,
     set_trim_threshold,
     stats,
 )
@@ -136,6 +137,7 @@ __all__ = [
     "pool_reclaim_status",
     "rss",
     "set_arena_max",
+    "set_purge_delay",
     "set_trim_threshold",
     "snapshot",
     "stats",
