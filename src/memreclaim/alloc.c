@@ -61,6 +61,7 @@ static struct {
     long (*mi_option_get)(int);
     void (*mi_option_set)(int, long);
     void (*mi_thread_done)(void);
+    void (*mi_thread_init)(void);
     /* gperftools tcmalloc */
     void (*tc_release)(void);
     int (*tc_numeric_property)(const char *, size_t *);
@@ -490,29 +491,41 @@ static bool mimalloc_has_purge_delay(void)
     return v >= MR_MI_CHECKED_MIN && v <= MR_MI_CHECKED_MAX;
 }
 
-/* mi_collect(true) with the purge delay at 0 for its length (restored after). mi_collect frees
- * the calling thread's empty pages and visits the segments (2.x) or arenas (3.x) that exited
- * threads left: with a delay, mimalloc 2.0 re-queues their free spans for a later decommit
- * instead of decommitting them (a trim from the main thread then gave back nothing of a spike
- * freed by an exited thread); with 0 they are decommitted now. Lock held: mi_collect never
- * calls back here. */
+/* mi_collect(true), made to reach what it can (measured, docs/threads.md):
+ * - mimalloc 2.x keeps free spans in segments (32 MiB, one owner thread); with a delay, a span
+ *   freed is queued for a decommit that only a later use of the segment carries out, and
+ *   mi_collect on the main thread reclaims exited threads' segments and queues their spans again
+ *   (a trim then gave back nothing of a spike freed by an exited thread). With the delay at 0 for
+ *   the call they are decommitted at once (2.0.9: 416 -> 191 MiB).
+ * - From 2.1 and in 3.x freed pages also wait in arenas, and mi_collect(true) force-purges them
+ *   whatever their expiry, but skips the purge altogether when the delay is 0 or less (nothing
+ *   would have been scheduled): that pass runs with the delay at least 1 (3.0.1: a trim with it
+ *   at 0 gave back nothing, with it untouched 236 MiB).
+ * - A thread whose mimalloc heap is not initialised (one that never called malloc) collects
+ *   nothing: mi_thread_init() first.
+ * The delay is restored after, under a lock: mi_collect never calls back here. */
 static void mimalloc_collect_now(void)
 {
-    if (mimalloc_has_purge_delay()) {
-        long saved;
-        mi_option_lock_take();
-        saved = sym.mi_option_get(MR_MI_OPTION_PURGE_DELAY);
-        if (saved != 0) {
-            sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, 0);
-        }
+    int v = sym.mi_version != NULL ? sym.mi_version() : 0;
+    if (sym.mi_thread_init != NULL) {
+        sym.mi_thread_init();
+    }
+    if (!mimalloc_has_purge_delay()) {
         sym.mi_collect(true);
-        if (saved != 0) {
-            sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, saved);
-        }
-        mi_option_lock_give();
-    } else {
+        return;
+    }
+    mi_option_lock_take();
+    long saved = sym.mi_option_get(MR_MI_OPTION_PURGE_DELAY);
+    if (v < 300) {
+        sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, 0);
         sym.mi_collect(true);
     }
+    if (v >= 210) {
+        sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, saved > 0 ? saved : 1);
+        sym.mi_collect(true);
+    }
+    sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, saved);
+    mi_option_lock_give();
 }
 
 static int mimalloc_trim(void)
@@ -668,8 +681,7 @@ int mr_thread_collect(bool abandon, const char **method)
     case MR_ALLOC_MIMALLOC: {
         int v = sym.mi_version != NULL ? sym.mi_version() : 0;
         mimalloc_collect_now();
-        *method =
-            mimalloc_has_purge_delay() ? "mi_collect(true), purge delay 0" : "mi_collect(true)";
+        *method = "mi_collect(true)";
         /* mimalloc 2.x keeps a live thread's freed spans queued for a decommit that only that
          * thread's later page allocations or frees carry out, and mi_collect does not: handing
          * the heap over as an exiting thread does (mi_thread_done: its segments are abandoned,
@@ -679,7 +691,7 @@ int mr_thread_collect(bool abandon, const char **method)
          * thread's heap is never abandoned by mimalloc. */
         if (abandon && v >= 200 && v < 300 && sym.mi_thread_done != NULL && !is_main_thread()) {
             sym.mi_thread_done();
-            *method = "mi_collect(true), purge delay 0; mi_thread_done()";
+            *method = "mi_collect(true); mi_thread_done()";
         }
         return 0;
     }
@@ -751,6 +763,7 @@ static const mr_backend *classify(uintptr_t owner)
     LOOKUP(mi_option_get, "mi_option_get");
     LOOKUP(mi_option_set, "mi_option_set");
     LOOKUP(mi_thread_done, "mi_thread_done");
+    LOOKUP(mi_thread_init, "mi_thread_init");
     LOOKUP(tc_mark_thread_idle, "MallocExtension_MarkThreadIdle");
 
     if (sym.mallctl != NULL) {
