@@ -460,12 +460,13 @@ static int jemalloc_heap_stats(mr_heap_stats *out)
  * mi_option_decommit_delay in 1.7-2.0 (env MIMALLOC_RESET_DELAY / MIMALLOC_DECOMMIT_DELAY),
  * mi_option_purge_delay from 2.1 and in 3.x (MIMALLOC_PURGE_DELAY). Options are numbered by an
  * enum that keeps deprecated entries for binary compatibility: this one is 15 from 1.7 (179) to
- * 3.4 (30403), checked against each tag's mimalloc.h. 1.6 numbered it 13; anything older or
- * newer than what was checked is not guessed at. Defaults: 25 ms (2.0), 10 ms (2.1), 2500 (3.0),
- * 1000 (3.1+). */
+ * 3.4 (30403) in each tag's mimalloc.h, and mi_option_get(15) reads back MIMALLOC_PURGE_DELAY
+ * (RESET_DELAY) under 2.0.9, 3.0.1 and 3.6.0. 1.6 numbered it 13; versions outside what was
+ * checked are not guessed at. Defaults: 25 ms (2.0), 10 (2.1-2.4), 2500 (3.0.1), 1000 (3.0.3+).
+ */
 #define MR_MI_OPTION_PURGE_DELAY 15
 #define MR_MI_CHECKED_MIN 179
-#define MR_MI_CHECKED_MAX 30499
+#define MR_MI_CHECKED_MAX 30699
 
 /* Serialises the save/zero/collect/restore of the purge delay in trim and the knob: two trims
  * interleaved would otherwise restore each other's zero for good. Taken around fork. */
@@ -557,7 +558,7 @@ const char *mr_mimalloc_purge_delay_reason(void)
         return "this mimalloc does not export mi_option_get/mi_option_set/mi_version";
     }
     if (!mimalloc_has_purge_delay()) {
-        return "memreclaim knows mimalloc's option numbers from 1.7 to 3.4 only";
+        return "memreclaim knows mimalloc's option numbers from 1.7 to 3.6 only";
     }
     return NULL;
 }
