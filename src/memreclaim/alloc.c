@@ -465,6 +465,8 @@ static int jemalloc_heap_stats(mr_heap_stats *out)
  * checked are not guessed at. Defaults: 25 ms (2.0), 10 (2.1-2.4), 2500 (3.0.1), 1000 (3.0.3+).
  */
 #define MR_MI_OPTION_PURGE_DELAY 15
+/* mi_option_abandoned_page_decommit (2.0), abandoned_page_purge (2.1-3.1): 12 in every 2.x. */
+#define MR_MI_OPTION_ABANDONED_PURGE 12
 #define MR_MI_CHECKED_MIN 179
 #define MR_MI_CHECKED_MAX 30699
 
@@ -517,6 +519,13 @@ static void mimalloc_collect_now(void)
     }
     mi_option_lock_take();
     long saved = sym.mi_option_get(MR_MI_OPTION_PURGE_DELAY);
+    if (v >= 200 && v < 300 && sym.mi_option_get(MR_MI_OPTION_ABANDONED_PURGE) == 0) {
+        /* Left on: a thread that exits from now on decommits its queued spans as it abandons
+         * its segments. Python's join() returns before the thread's TLS destructors run, so a
+         * thread "exited" may abandon its heap after this collect (then its spans were queued
+         * with a delay for good: one run in eight gave back nothing). */
+        sym.mi_option_set(MR_MI_OPTION_ABANDONED_PURGE, 1);
+    }
     if (v < 300) {
         sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, 0);
         sym.mi_collect(true);
@@ -691,7 +700,22 @@ int mr_thread_collect(bool abandon, const char **method)
          * thread data for it; 3.x keeps a pointer to the freed data, so never there). The main
          * thread's heap is never abandoned by mimalloc. */
         if (abandon && v >= 200 && v < 300 && sym.mi_thread_done != NULL && !is_main_thread()) {
-            sym.mi_thread_done();
+            if (mimalloc_has_purge_delay()) {
+                /* With abandoned_page_decommit (2.1+: abandoned_page_purge, option 12) on,
+                 * abandoning decommits the queued spans here and now: a thread that takes the
+                 * segments over first (any malloc needing a page may) would queue them again. */
+                mi_option_lock_take();
+                long saved = sym.mi_option_get(MR_MI_OPTION_PURGE_DELAY);
+                long saved_abandoned = sym.mi_option_get(MR_MI_OPTION_ABANDONED_PURGE);
+                sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, 0);
+                sym.mi_option_set(MR_MI_OPTION_ABANDONED_PURGE, 1);
+                sym.mi_thread_done();
+                sym.mi_option_set(MR_MI_OPTION_ABANDONED_PURGE, saved_abandoned);
+                sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, saved);
+                mi_option_lock_give();
+            } else {
+                sym.mi_thread_done();
+            }
             *method = "mi_collect(true); mi_thread_done()";
         }
         return 0;
