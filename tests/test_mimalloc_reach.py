@@ -31,13 +31,18 @@ if KNOB:
 gc.collect(); memreclaim.trim()
 base = memreclaim.rss()
 keep = []
+peaks = []
+def spike():
+    survivors = workloads.spike()
+    peaks.append(memreclaim.rss())  # in the thread that made it, before it can exit
+    return survivors
 if SCENARIO == "main":
-    keep.append(workloads.spike())
+    keep.append(spike())
 elif SCENARIO == "exited":
     tids = []
     def work():
         tids.append(threading.get_native_id())
-        keep.append(workloads.spike())
+        keep.append(spike())
     worker = threading.Thread(target=work)
     worker.start(); worker.join()
     # join() returns before the thread's TLS destructors (mimalloc's thread done) have run:
@@ -48,9 +53,9 @@ elif SCENARIO == "exited":
         time.sleep(0.005)
 else:
     pool = ThreadPoolExecutor(1)
-    keep.append(pool.submit(workloads.spike).result())
+    keep.append(pool.submit(spike).result())
 gc.collect()
-peak = memreclaim.rss()
+peak = peaks[0]
 methods = []
 if SCENARIO == "live" and ABANDON:
     methods.append(pool.submit(memreclaim._core.collect_thread, abandon=True).result()["method"])
