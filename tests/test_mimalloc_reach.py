@@ -5,8 +5,8 @@ freed on the main thread, by a worker thread that has exited, or by a live Threa
 worker; then trim() runs on the main thread. The reference is the same run started with
 mimalloc's own options for giving pages back at once (MIMALLOC_RESET_DELAY=0 ... in 2.0,
 MIMALLOC_PURGE_DELAY=0 ... in 2.1+/3.x): what is left above each process's own start level must
-be within max(1.15 x, +16 MiB) of the reference's. What each version needs for that (measured,
-docs in benchmarks/bench_mimalloc.py):
+be within max(1.15 x, +16 MiB) of the reference's. What each version needs for that (measured side
+by side by benchmarks/bench_mimalloc.py, whose child these tests run):
 - mimalloc 3: trim() alone, from any thread.
 - mimalloc 2: trim() for an exited worker; collect_thread(abandon=True) run in a live worker
   first; set_purge_delay(0) at start for the main thread (a span freed there under a delay is
@@ -19,80 +19,28 @@ import os
 from typing import Any
 
 import pytest
+from bench_mimalloc import CHILD, major_version, own_options
 from conftest import allocator_lib
 
 MiB = 2**20
 
-CHILD = """
-import threading, time
-from concurrent.futures import ThreadPoolExecutor
-if KNOB:
-    memreclaim.set_purge_delay(0)
-gc.collect(); memreclaim.trim()
-base = memreclaim.rss()
-keep = []
-peaks = []
-def spike():
-    survivors = workloads.spike()
-    peaks.append(memreclaim.rss())  # in the thread that made it, before it can exit
-    return survivors
-if SCENARIO == "main":
-    keep.append(spike())
-elif SCENARIO == "exited":
-    tids = []
-    def work():
-        tids.append(threading.get_native_id())
-        keep.append(spike())
-    worker = threading.Thread(target=work)
-    worker.start(); worker.join()
-    # join() returns before the thread's TLS destructors (mimalloc's thread done) have run:
-    # the thread has exited when its task has gone.
-    deadline = time.monotonic() + 60
-    while os.path.exists(f"/proc/self/task/{tids[0]}"):
-        assert time.monotonic() < deadline, "the worker's task is still there after 60 s"
-        time.sleep(0.005)
-else:
-    pool = ThreadPoolExecutor(1)
-    keep.append(pool.submit(spike).result())
-gc.collect()
-peak = peaks[0]
-methods = []
-if SCENARIO == "live" and ABANDON:
-    methods.append(pool.submit(memreclaim._core.collect_thread, abandon=True).result()["method"])
-result = memreclaim.trim()
-after = memreclaim.rss()
-emit(version=memreclaim.allocator_version(), allocator=memreclaim.allocator(), base=base,
-     peak=peak, after=after, released=result.released, methods=methods,
-     survivors=sum(len(s) for s, _ in keep[0]))
-"""
-
 
 def _major(lib: os.PathLike[str]) -> int:
-    return int(os.path.realpath(lib).split(".so.", 1)[1].split(".")[0])
-
-
-def _own_options(major: int) -> dict[str, str]:
-    """mimalloc's own options for giving freed pages back at once, by the version's names."""
-    if major < 3:
-        return {
-            "MIMALLOC_RESET_DELAY": "0",
-            "MIMALLOC_PAGE_RESET": "1",
-            "MIMALLOC_RESET_DECOMMITS": "1",
-        }
-    return {"MIMALLOC_PURGE_DELAY": "0", "MIMALLOC_PURGE_DECOMMITS": "1"}
+    return major_version(str(lib))
 
 
 def _run(run_python: Any, lib: os.PathLike[str], scenario: str, **options: Any) -> Any:
+    """benchmarks/bench_mimalloc.py's child, in a bare interpreter under LD_PRELOAD=lib."""
     env = {"LD_PRELOAD": str(lib), **options.pop("env", {})}
-    params = {"SCENARIO": scenario, "KNOB": False, "ABANDON": False, **options}
-    return run_python(CHILD, env=env, params=params, timeout=300)
+    params = {"SCENARIO": scenario, "KNOB": False, "ABANDON": False, "RAW": False, **options}
+    return run_python(CHILD, env=env, params=params, prelude=False, timeout=300)
 
 
 @pytest.mark.parametrize("scenario", ["main", "exited", "live"])
 def test_trim_reaches_what_mimalloc_own_options_give_back(run_python: Any, scenario: str) -> None:
     lib = allocator_lib("mimalloc")
     major = _major(lib)
-    reference = _run(run_python, lib, scenario, env=_own_options(major))
+    reference = _run(run_python, lib, scenario, env=own_options(major))
     # What each version needs (see the module docstring): 2.x's main thread the knob at start,
     # 2.x's live worker the hand-over in that worker.
     knob = major < 3 and scenario == "main"
