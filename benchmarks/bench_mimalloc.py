@@ -12,6 +12,7 @@ Columns:
   mi_collect       ctypes mi_collect(true) from the main thread (what trim() called before
                    issue 22)
   trim()           memreclaim.trim() at defaults
+  ..., new thread  the same called from a new thread (one that never called malloc itself)
   +collect_thread  the live worker runs memreclaim._core.collect_thread(abandon=True) first
   knob at start    memreclaim.set_purge_delay(0) at start, then trim()
 The ratio under each cell is to "own options"; the target is max(1.15 x, +16 MiB).
@@ -33,8 +34,9 @@ import textwrap
 
 MiB = 2**20
 
-# The child: params SCENARIO ("main", "exited", "live"), KNOB, ABANDON, RAW are prepended as
-# assignments. Shared with tests/test_mimalloc_reach.py. Prints one "RESULT {json}" line.
+# The child: params SCENARIO ("main", "exited", "live"), CALLER ("main", "thread": the thread
+# that gives memory back), KNOB, ABANDON, RAW are prepended as assignments (child_code()).
+# Shared with tests/test_mimalloc_reach.py. Prints one "RESULT {json}" line.
 CHILD = textwrap.dedent(
     """
     import ctypes, gc, json, os, threading, time
@@ -82,7 +84,13 @@ CHILD = textwrap.dedent(
     if SCENARIO == "live" and ABANDON:
         collect = pool.submit(memreclaim._core.collect_thread, abandon=True).result()
         methods.append(collect["method"])
-    released = give_back()
+    if CALLER == "main":
+        released = give_back()
+    else:  # a new thread, which has never called malloc itself
+        box = []
+        caller = threading.Thread(target=lambda: box.append(give_back()))
+        caller.start(); caller.join()
+        released = box[0]
     after = memreclaim.rss()
     print("RESULT " + json.dumps(dict(
         version=memreclaim.allocator_version(), allocator=memreclaim.allocator(), base=base,
@@ -108,18 +116,19 @@ def major_version(lib: str) -> int:
     return int(os.path.realpath(lib).split(".so.", 1)[1].split(".")[0])
 
 
-def child_code(
-    scenario: str, *, knob: bool = False, abandon: bool = False, raw: bool = False
-) -> str:
-    header = f"SCENARIO = {scenario!r}\nKNOB = {knob!r}\nABANDON = {abandon!r}\nRAW = {raw!r}\n"
-    return header + CHILD
+def child_code(scenario: str, caller: str = "main", **flags: bool) -> str:
+    params = {"SCENARIO": scenario, "CALLER": caller, "KNOB": False, "ABANDON": False}
+    params.update({"RAW": False, **{name.upper(): value for name, value in flags.items()}})
+    return "".join(f"{name} = {value!r}\n" for name, value in params.items()) + CHILD
 
 
-def run(lib: str, scenario: str, env: dict[str, str] | None = None, **flags: bool) -> dict:
+def run(
+    lib: str, scenario: str, env: dict[str, str] | None = None, caller: str = "main", **flags: bool
+) -> dict:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MIMALLOC_")}
     full_env.update({"LD_PRELOAD": lib, **(env or {})})
     proc = subprocess.run(
-        [sys.executable, "-c", child_code(scenario, **flags)],
+        [sys.executable, "-c", child_code(scenario, caller, **flags)],
         capture_output=True,
         text=True,
         env=full_env,
@@ -153,6 +162,8 @@ def main() -> None:
         "own options": {"env": own_options(major)},
         "mi_collect": {"raw": True},
         "trim()": {},
+        "mi_collect, new thread": {"raw": True, "caller": "thread"},
+        "trim(), new thread": {"caller": "thread"},
         "+collect_thread": {"abandon": True},
         "knob at start": {"knob": True},
     }
@@ -166,9 +177,10 @@ def main() -> None:
                 continue
             flags = dict(flags)
             env = flags.pop("env", None)
+            caller = flags.pop("caller", "main")
             left = []
             for _ in range(args.runs):
-                out = run(lib, scenario, env=env, **flags)
+                out = run(lib, scenario, env=env, caller=caller, **flags)
                 version = out["version"]
                 left.append((out["after"] - out["base"]) / MiB)
             cells[name] = statistics.median(left)
