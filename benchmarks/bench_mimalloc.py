@@ -44,11 +44,13 @@ CHILD = textwrap.dedent(
     import memreclaim
     from memreclaim import workloads
 
+    if RAW:  # set up here: a caller thread must not malloc (dlopen does) before it collects
+        mi_collect = ctypes.CDLL(None).mi_collect
+        mi_collect.argtypes = [ctypes.c_bool]
+
     def give_back():
         if RAW:
-            libc = ctypes.CDLL(None)
-            libc.mi_collect.argtypes = [ctypes.c_bool]
-            libc.mi_collect(True)
+            mi_collect(True)
             return None
         return memreclaim.trim().released
 
