@@ -1112,8 +1112,11 @@ static PyObject *core_set_purge_delay(PyObject *module, PyObject *value)
         return NULL;
     case MR_ALLOC_UNKNOWN:
         reason = mr_backend_reason();
-        PyErr_Format(state->unsupported_error, "set_purge_delay() needs mimalloc: %s",
-                     reason ? reason : "memreclaim does not know the allocator serving malloc");
+        PyErr_Format(state->unsupported_error,
+                     "set_purge_delay() needs mimalloc, but this process's malloc is served by "
+                     "%U: %s",
+                     state->allocator_name,
+                     reason ? reason : "an allocator memreclaim does not know");
         return NULL;
     case MR_ALLOC_MIMALLOC:
         break;
