@@ -161,6 +161,14 @@ def trim(*, pools: bool = False) -> TrimResult:
     ``reason`` says why, and the first such call in the process warns (``RuntimeWarning``).
     When pyarrow is already imported, its memory pool is asked to release too; ``parts`` says
     what each allocator gave back.
+
+    Under mimalloc, ``mi_collect(true)`` runs with the purge delay at 0 for mimalloc 2's segment
+    pass and at least 1 for the arena pass of 2.1+/3.x, and the calling thread's heap is
+    initialised first (one never initialised collects nothing). Under mimalloc 2 the first call
+    also leaves mimalloc's ``abandoned_page_decommit`` on: a thread that exits afterwards gives
+    its free pages back as it exits. What it cannot reach there: memory freed under a delay by
+    the main thread (see :func:`set_purge_delay`) or by another live thread (see
+    ``memreclaim._core.collect_thread``).
     """
     result = _core.trim(pools=pools)
     _accounting.record(result.released, result.seconds)

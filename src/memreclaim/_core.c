@@ -1121,7 +1121,10 @@ static PyObject *core_set_purge_delay(PyObject *module, PyObject *value)
     case MR_ALLOC_MIMALLOC:
         break;
     }
+    /* GIL released: the option lock may be held by a trim's mi_collect in another thread. */
+    Py_BEGIN_ALLOW_THREADS
     err = mr_mimalloc_purge_delay((long)ms, true, &previous);
+    Py_END_ALLOW_THREADS
     if (err != 0) {
         reason = mr_mimalloc_purge_delay_reason();
         PyErr_Format(state->unsupported_error, "set_purge_delay() cannot set mimalloc %s: %s",
