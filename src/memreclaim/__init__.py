@@ -27,6 +27,7 @@ from ._core import (
     malloc_info,
     pin_mmap_threshold,
     rss,
+    set_purge_delay,
     set_trim_threshold,
 )
 from ._version import __version__
@@ -135,6 +136,7 @@ __all__ = [
     "pool_reclaim_status",
     "rss",
     "set_arena_max",
+    "set_purge_delay",
     "set_trim_threshold",
     "snapshot",
     "stats",
@@ -160,6 +162,14 @@ def trim(*, pools: bool = False) -> TrimResult:
     is asked to release too, from the calling thread, whichever thread that is; ``parts`` says
     what each allocator gave back. ``stats().libraries`` names the library allocators that
     memreclaim cannot release, and the setting that does work for each.
+
+    Under mimalloc, ``mi_collect(true)`` runs with the purge delay at 0 for mimalloc 2's segment
+    pass and at least 1 for the arena pass of 2.1+/3.x, and the calling thread's heap is
+    initialised first (one never initialised collects nothing). Under mimalloc 2 the first call
+    also leaves mimalloc's ``abandoned_page_decommit`` on: a thread that exits afterwards gives
+    its free pages back as it exits. What it cannot reach there: memory freed under a delay by
+    the main thread (see :func:`set_purge_delay`) or by another live thread (see
+    ``memreclaim._core.collect_thread``).
     """
     result = _core.trim(pools=pools, libraries=_libraries.releasers())
     _accounting.record(result.released, result.seconds)

@@ -1023,6 +1023,137 @@ static PyObject *core_mimalloc_areas(PyObject *module, PyObject *const *args, Py
     return result;
 }
 
+/* ---- purge delay and the calling thread's share (issue 22) ---------------------------------- */
+
+PyDoc_STRVAR(set_purge_delay_doc,
+             "set_purge_delay(milliseconds, /) -> int\n\n"
+             "How long the allocator keeps memory freed in whole pages before it gives it back to\n"
+             "the kernel: 0 gives it back as soon as a page is free, -1 never (until a trim).\n"
+             "Returns the delay before the call. mimalloc only: mi_option_set(purge_delay) (the\n"
+             "option MIMALLOC_PURGE_DELAY sets; 2.0's decommit_delay, MIMALLOC_RESET_DELAY). Like\n"
+             "pin_mmap_threshold, call it at start-up: mimalloc 2.0 decommits a page freed under\n"
+             "a delay only when its thread later uses that segment again, which trim() cannot\n"
+             "bring about. 0 costs an madvise per freed page. glibc, jemalloc and tcmalloc raise\n"
+             "UnsupportedAllocatorError saying what governs them instead; TypeError, ValueError\n"
+             "(outside -1 to 2147483647) and OverflowError for a bad value, before anything is\n"
+             "set.");
+
+static PyObject *core_set_purge_delay(PyObject *module, PyObject *value)
+{
+    core_state *state = get_state(module);
+    long long ms;
+    long previous = 0;
+    const char *reason;
+    int err;
+
+    if (parse_bounded_int(value, "milliseconds", -1, INT32_MAX, &ms) < 0) {
+        return NULL;
+    }
+    switch (state->backend->kind) {
+    case MR_ALLOC_GLIBC:
+        PyErr_SetString(state->unsupported_error,
+                        "set_purge_delay() needs mimalloc: glibc gives pages back on free() only "
+                        "at the top of a heap (set_trim_threshold) or for mmapped blocks "
+                        "(pin_mmap_threshold), and trim() does the rest");
+        return NULL;
+    case MR_ALLOC_JEMALLOC:
+        PyErr_SetString(state->unsupported_error,
+                        "set_purge_delay() needs mimalloc: jemalloc's delay is its decay time, "
+                        "set at start with MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0");
+        return NULL;
+    case MR_ALLOC_TCMALLOC:
+        PyErr_SetString(state->unsupported_error,
+                        "set_purge_delay() needs mimalloc: gperftools tcmalloc has no delay, only "
+                        "a release rate (TCMALLOC_RELEASE_RATE)");
+        return NULL;
+    case MR_ALLOC_UNKNOWN:
+        reason = mr_backend_reason();
+        PyErr_Format(state->unsupported_error,
+                     "set_purge_delay() needs mimalloc, but this process's malloc is served by "
+                     "%U: %s",
+                     state->allocator_name,
+                     reason ? reason : "an allocator memreclaim does not know");
+        return NULL;
+    case MR_ALLOC_MIMALLOC:
+        break;
+    }
+    /* GIL released: the option lock may be held by a trim's mi_collect in another thread. */
+    Py_BEGIN_ALLOW_THREADS
+    err = mr_mimalloc_purge_delay((long)ms, true, &previous);
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        reason = mr_mimalloc_purge_delay_reason();
+        PyErr_Format(state->unsupported_error, "set_purge_delay() cannot set mimalloc %s: %s",
+                     mr_backend_version() ? mr_backend_version() : "(version unknown)",
+                     reason ? reason : "its option is not known");
+        return NULL;
+    }
+    return PyLong_FromLong(previous);
+}
+
+PyDoc_STRVAR(collect_thread_doc,
+             "collect_thread(*, abandon=False) -> dict\n\n"
+             "The calling thread's share of giving memory back, for what only the owning thread\n"
+             "can do (run it in each worker: trim() from one thread does not reach another live\n"
+             "thread's heap or cache). mimalloc: mi_collect(true) with the purge delay at 0 for\n"
+             "the call; with abandon=True on mimalloc 2.x, outside the main thread, also\n"
+             "mi_thread_done(): the heap is handed over as an exited thread's is (its blocks stay\n"
+             "valid; the thread gets a new heap at its next malloc; a mi_heap_new() heap of this\n"
+             "thread would be deleted) and the next trim() from any thread gives back its free\n"
+             "pages. jemalloc: mallctl thread.idle (else thread.tcache.flush). tcmalloc:\n"
+             "MallocExtension_MarkThreadIdle. glibc: nothing (malloc_trim reaches every arena).\n"
+             "The GIL is released during the call. Returns {'method': what was called ('none'),\n"
+             "'anon_before', 'anon_after': anonymous resident bytes around it (None if\n"
+             "unreadable), 'seconds': the call's time}. TypeError when abandon is not a bool.");
+
+static PyObject *core_collect_thread(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"abandon", NULL};
+    core_state *state = get_state(module);
+    PyObject *abandon_arg = NULL, *result, *item;
+    mr_rss_sample before, after;
+    int abandon, before_err, after_err;
+    const char *method = "none";
+    double started, seconds;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$O:collect_thread", keywords, &abandon_arg) ||
+        parse_flag(abandon_arg, "abandon", &abandon) < 0) {
+        return NULL;
+    }
+    before_err = mr_statm_read(&state->statm, &before);
+    Py_BEGIN_ALLOW_THREADS
+    started = monotonic_seconds();
+    (void)mr_thread_collect(abandon != 0, &method);
+    seconds = monotonic_seconds() - started;
+    Py_END_ALLOW_THREADS
+    after_err = mr_statm_read(&state->statm, &after);
+
+    result = PyDict_New();
+    if (result == NULL) {
+        return NULL;
+    }
+    item = PyUnicode_FromString(method);
+    if (item == NULL || PyDict_SetItemString(result, "method", item) < 0) {
+        Py_XDECREF(item);
+        Py_DECREF(result);
+        return NULL;
+    }
+    Py_DECREF(item);
+    if (set_item_int(result, "anon_before", before_err == 0 ? before.anon : -1) < 0 ||
+        set_item_int(result, "anon_after", after_err == 0 ? after.anon : -1) < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    item = PyFloat_FromDouble(seconds);
+    if (item == NULL || PyDict_SetItemString(result, "seconds", item) < 0) {
+        Py_XDECREF(item);
+        Py_DECREF(result);
+        return NULL;
+    }
+    Py_DECREF(item);
+    return result;
+}
+
 /* ---- module --------------------------------------------------------------------------------- */
 
 static PyMethodDef core_methods[] = {
@@ -1041,6 +1172,9 @@ static PyMethodDef core_methods[] = {
     {"process_heap_mapping", core_process_heap_mapping, METH_O, process_heap_mapping_doc},
     {"mimalloc_areas", (PyCFunction)(void (*)(void))core_mimalloc_areas, METH_FASTCALL,
      mimalloc_areas_doc},
+    {"set_purge_delay", core_set_purge_delay, METH_O, set_purge_delay_doc},
+    {"collect_thread", (PyCFunction)(void (*)(void))core_collect_thread,
+     METH_VARARGS | METH_KEYWORDS, collect_thread_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 /* glibc's struct mallinfo2 (2.33+) and struct mallinfo, declared here so that the build does not
@@ -56,10 +58,15 @@ static struct {
     bool (*mi_heap_visit_blocks)(const void *, bool,
                                  bool (*)(const void *, const void *, void *, size_t, void *),
                                  void *);
+    long (*mi_option_get)(int);
+    void (*mi_option_set)(int, long);
+    void (*mi_thread_done)(void);
+    void (*mi_thread_init)(void);
     /* gperftools tcmalloc */
     void (*tc_release)(void);
     int (*tc_numeric_property)(const char *, size_t *);
     const char *(*tc_version)(int *, int *, const char **);
+    void (*tc_mark_thread_idle)(void);
 } sym;
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
@@ -449,10 +456,120 @@ static int jemalloc_heap_stats(mr_heap_stats *out)
 
 /* ---- mimalloc ------------------------------------------------------------------------------- */
 
+/* mimalloc's option that holds how long freed memory waits before it is given back, in ms:
+ * mi_option_decommit_delay in 1.7-2.0 (env MIMALLOC_RESET_DELAY / MIMALLOC_DECOMMIT_DELAY),
+ * mi_option_purge_delay from 2.1 and in 3.x (MIMALLOC_PURGE_DELAY). Options are numbered by an
+ * enum that keeps deprecated entries for binary compatibility: this one is 15 from 1.7 (179) to
+ * 3.4 (30403) in each tag's mimalloc.h, and mi_option_get(15) reads back MIMALLOC_PURGE_DELAY
+ * (RESET_DELAY) under 2.0.9, 3.0.1 and 3.6.0. 1.6 numbered it 13; versions outside what was
+ * checked are not guessed at. Defaults: 25 ms (2.0), 10 (2.1-2.4), 2500 (3.0.1), 1000 (3.0.3+).
+ */
+#define MR_MI_OPTION_PURGE_DELAY 15
+/* mi_option_abandoned_page_decommit (2.0), abandoned_page_purge (2.1-3.1): 12 in every 2.x. */
+#define MR_MI_OPTION_ABANDONED_PURGE 12
+#define MR_MI_CHECKED_MIN 179
+#define MR_MI_CHECKED_MAX 30699
+
+/* Serialises the save/zero/collect/restore of the purge delay in trim and the knob: two trims
+ * interleaved would otherwise restore each other's zero for good. Taken around fork. */
+static pthread_mutex_t mi_option_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void mi_option_lock_take(void)
+{
+    (void)pthread_mutex_lock(&mi_option_lock);
+}
+
+static void mi_option_lock_give(void)
+{
+    (void)pthread_mutex_unlock(&mi_option_lock);
+}
+
+static bool mimalloc_has_purge_delay(void)
+{
+    int v;
+    if (sym.mi_option_get == NULL || sym.mi_option_set == NULL || sym.mi_version == NULL) {
+        return false;
+    }
+    v = sym.mi_version();
+    return v >= MR_MI_CHECKED_MIN && v <= MR_MI_CHECKED_MAX;
+}
+
+/* mi_collect(true), made to reach what it can (measured, docs/threads.md):
+ * - mimalloc 2.x keeps free spans in segments (32 MiB, one owner thread); with a delay, a span
+ *   freed is queued for a decommit that only a later use of the segment carries out, and
+ *   mi_collect on the main thread reclaims exited threads' segments and queues their spans again
+ *   (a trim then gave back nothing of a spike freed by an exited thread). With the delay at 0 for
+ *   the call they are decommitted at once (2.0.9: 416 -> 191 MiB).
+ * - From 2.1 and in 3.x freed pages also wait in arenas, and mi_collect(true) force-purges them
+ *   whatever their expiry, but skips the purge altogether when the delay is 0 or less (nothing
+ *   would have been scheduled): that pass runs with the delay at least 1 (3.0.1: a trim with it
+ *   at 0 gave back nothing, with it untouched 236 MiB).
+ * - A thread whose mimalloc heap is not initialised (one that never called malloc) collects
+ *   nothing: mi_thread_init() first.
+ * The delay is restored after, under a lock: mi_collect never calls back here. */
+static void mimalloc_collect_now(void)
+{
+    int v = sym.mi_version != NULL ? sym.mi_version() : 0;
+    if (sym.mi_thread_init != NULL) {
+        sym.mi_thread_init();
+    }
+    if (!mimalloc_has_purge_delay()) {
+        sym.mi_collect(true);
+        return;
+    }
+    mi_option_lock_take();
+    long saved = sym.mi_option_get(MR_MI_OPTION_PURGE_DELAY);
+    if (v >= 200 && v < 300 && sym.mi_option_get(MR_MI_OPTION_ABANDONED_PURGE) == 0) {
+        /* Left on: a thread that exits from now on decommits its queued spans as it abandons
+         * its segments. Python's join() returns before the thread's TLS destructors run, so a
+         * thread "exited" may abandon its heap after this collect (then its spans were queued
+         * with a delay for good: one run in eight gave back nothing). */
+        sym.mi_option_set(MR_MI_OPTION_ABANDONED_PURGE, 1);
+    }
+    if (v < 300) {
+        sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, 0);
+        sym.mi_collect(true);
+    }
+    if (v >= 210) {
+        sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, saved > 0 ? saved : 1);
+        sym.mi_collect(true);
+    }
+    sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, saved);
+    mi_option_lock_give();
+}
+
 static int mimalloc_trim(void)
 {
-    sym.mi_collect(true);
+    mimalloc_collect_now();
     return 0;
+}
+
+int mr_mimalloc_purge_delay(long value, bool set, long *previous)
+{
+    if (mr_backend_detect()->kind != MR_ALLOC_MIMALLOC || !mimalloc_has_purge_delay()) {
+        return ENOTSUP;
+    }
+    mi_option_lock_take();
+    *previous = sym.mi_option_get(MR_MI_OPTION_PURGE_DELAY);
+    if (set) {
+        sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, value);
+    }
+    mi_option_lock_give();
+    return 0;
+}
+
+const char *mr_mimalloc_purge_delay_reason(void)
+{
+    if (mr_backend_detect()->kind != MR_ALLOC_MIMALLOC) {
+        return NULL;
+    }
+    if (sym.mi_option_get == NULL || sym.mi_option_set == NULL || sym.mi_version == NULL) {
+        return "this mimalloc does not export mi_option_get/mi_option_set/mi_version";
+    }
+    if (!mimalloc_has_purge_delay()) {
+        return "memreclaim knows mimalloc's option numbers from 1.7 to 3.6 only";
+    }
+    return NULL;
 }
 
 static int mimalloc_heap_stats(mr_heap_stats *out)
@@ -559,6 +676,72 @@ static int tcmalloc_heap_stats(mr_heap_stats *out)
     return 0;
 }
 
+/* ---- the calling thread's share ------------------------------------------------------------ */
+
+static bool is_main_thread(void)
+{
+    return (pid_t)syscall(SYS_gettid) == getpid();
+}
+
+int mr_thread_collect(bool abandon, const char **method)
+{
+    const mr_backend *backend = mr_backend_detect();
+    *method = "none";
+    switch (backend->kind) {
+    case MR_ALLOC_MIMALLOC: {
+        int v = sym.mi_version != NULL ? sym.mi_version() : 0;
+        mimalloc_collect_now();
+        *method = "mi_collect(true)";
+        /* mimalloc 2.x keeps a live thread's freed spans queued for a decommit that only that
+         * thread's later page allocations or frees carry out, and mi_collect does not: handing
+         * the heap over as an exiting thread does (mi_thread_done: its segments are abandoned,
+         * the blocks in them stay valid and any thread may free them) lets the next trim
+         * decommit them. The thread's next malloc makes it a new heap (2.x allocates fresh
+         * thread data for it; 3.x keeps a pointer to the freed data, so never there). The main
+         * thread's heap is never abandoned by mimalloc. */
+        if (abandon && v >= 200 && v < 300 && sym.mi_thread_done != NULL && !is_main_thread()) {
+            if (mimalloc_has_purge_delay()) {
+                /* With abandoned_page_decommit (2.1+: abandoned_page_purge, option 12) on,
+                 * abandoning decommits the queued spans here and now: a thread that takes the
+                 * segments over first (any malloc needing a page may) would queue them again. */
+                mi_option_lock_take();
+                long saved = sym.mi_option_get(MR_MI_OPTION_PURGE_DELAY);
+                long saved_abandoned = sym.mi_option_get(MR_MI_OPTION_ABANDONED_PURGE);
+                sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, 0);
+                sym.mi_option_set(MR_MI_OPTION_ABANDONED_PURGE, 1);
+                sym.mi_thread_done();
+                sym.mi_option_set(MR_MI_OPTION_ABANDONED_PURGE, saved_abandoned);
+                sym.mi_option_set(MR_MI_OPTION_PURGE_DELAY, saved);
+                mi_option_lock_give();
+            } else {
+                sym.mi_thread_done();
+            }
+            *method = "mi_collect(true); mi_thread_done()";
+        }
+        return 0;
+    }
+    case MR_ALLOC_JEMALLOC:
+        /* thread.idle (5.2+): flush this thread's cache and purge its arena if it is the
+         * thread's own; else the cache flush alone (fails when caching is off: nothing held). */
+        if (sym.mallctl("thread.idle", NULL, NULL, NULL, 0) == 0) {
+            *method = "mallctl(\"thread.idle\")";
+        } else if (sym.mallctl("thread.tcache.flush", NULL, NULL, NULL, 0) == 0) {
+            *method = "mallctl(\"thread.tcache.flush\")";
+        }
+        return 0;
+    case MR_ALLOC_TCMALLOC:
+        if (sym.tc_mark_thread_idle != NULL) {
+            sym.tc_mark_thread_idle(); /* this thread's cache back to the central lists */
+            *method = "MallocExtension_MarkThreadIdle()";
+        }
+        return 0;
+    case MR_ALLOC_GLIBC:
+    case MR_ALLOC_UNKNOWN:
+        break;
+    }
+    return 0;
+}
+
 /* ---- none ----------------------------------------------------------------------------------- */
 
 static int no_trim(void)
@@ -602,6 +785,11 @@ static const mr_backend *classify(uintptr_t owner)
     LOOKUP(tc_release, "MallocExtension_ReleaseFreeMemory");
     LOOKUP(tc_numeric_property, "MallocExtension_GetNumericProperty");
     LOOKUP(tc_version, "tc_version");
+    LOOKUP(mi_option_get, "mi_option_get");
+    LOOKUP(mi_option_set, "mi_option_set");
+    LOOKUP(mi_thread_done, "mi_thread_done");
+    LOOKUP(mi_thread_init, "mi_thread_init");
+    LOOKUP(tc_mark_thread_idle, "MallocExtension_MarkThreadIdle");
 
     if (sym.mallctl != NULL) {
         return &backends[MR_ALLOC_JEMALLOC];
@@ -744,6 +932,8 @@ static void detect(void)
         break;
     }
     case MR_ALLOC_MIMALLOC:
+        /* A fork while another thread holds the purge-delay lock must not leave it held. */
+        (void)pthread_atfork(mi_option_lock_take, mi_option_lock_give, mi_option_lock_give);
         if (sym.mi_version != NULL) {
             /* 1.x, 2.x and 3.0 encode x.y.z as x*100 + y*10 + z (209 = 2.0.9, 301 = 3.0.1); later
              * 3.x releases as x*10000 + y*100 + z (30600 = 3.6.0). */
@@ -751,6 +941,10 @@ static void detect(void)
             if (v >= 10000) {
                 (void)snprintf(version_text, sizeof(version_text), "%d.%d.%d", v / 10000,
                                v / 100 % 100, v % 100);
+            } else if (v >= 1000) {
+                /* 3.0.10 to 3.2.8 said x*1000 + y*100 + z (3010 = 3.0.10, 3208 = 3.2.8). */
+                (void)snprintf(version_text, sizeof(version_text), "%d.%d.%d", v / 1000,
+                               v / 100 % 10, v % 100);
             } else {
                 (void)snprintf(version_text, sizeof(version_text), "%d.%d.%d", v / 100, v / 10 % 10,
                                v % 10);

@@ -156,6 +156,22 @@ typedef struct {
  * mimalloc or does not export the walk, EOVERFLOW when the walk passed max_areas. */
 int mr_mimalloc_areas(mr_mi_areas *out);
 
+/* mimalloc's purge delay (mi_option_purge_delay, 2.0's decommit_delay), in ms: *previous gets
+ * the value before, and with `set` it becomes `value`. Returns 0, or ENOTSUP when the allocator
+ * is not mimalloc, lacks mi_option_get/set, or is a version whose option numbers memreclaim has
+ * not checked (mr_mimalloc_purge_delay_reason() says which). Pure C. */
+int mr_mimalloc_purge_delay(long value, bool set, long *previous);
+const char *mr_mimalloc_purge_delay_reason(void);
+
+/* The calling thread's share of giving memory back, for the live allocator: mimalloc
+ * mi_collect(true) with the purge delay at 0 (and with `abandon`, on 2.x and not in the main
+ * thread, mi_thread_done(): the thread's heap is handed over as an exited thread's is, for the
+ * next trim from any thread to decommit); jemalloc thread.idle, else thread.tcache.flush;
+ * tcmalloc MallocExtension_MarkThreadIdle; glibc and unknown: nothing. *method: what was
+ * called ("none" when nothing, a static string). Pure C: call with the GIL released. Returns 0.
+ */
+int mr_thread_collect(bool abandon, const char **method);
+
 /* glibc knobs. Return 0, ENOTSUP when the live allocator is not glibc or lacks the call, or
  * EINVAL when glibc refused the value. */
 int mr_glibc_mallopt(int param, int value);
