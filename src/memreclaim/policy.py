@@ -799,9 +799,8 @@ class PacingPolicy:
             self._provisional = "incomplete"
             self._retest_due = now + self.retest_spacing(self._miss_run)
             return
+        # Complete. After trims undone by regrowth, the run is kept until a trim holds (see
+        # record_trim): the next regrowth then waits longer.
         self._miss_run = 0
-        if self._undone_run:  # RSS came back after the trims before: wait to see this one
-            self._provisional = "regrowth"
-        else:
-            self._provisional = None
+        self._provisional = None
         self._retest_due = None
