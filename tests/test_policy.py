@@ -734,6 +734,32 @@ def test_memory_that_comes_back_by_itself_costs_few_trims(interval: float) -> No
     assert proc.returnable == 0 and policy.provisional is None and policy.retest_due is None
 
 
+def test_without_vsize_no_growth_is_taken_for_regrowth() -> None:
+    """The runners pass vsize only under THP=always: elsewhere the same series is growth (each
+    regrowth is trimmed as before) and wants_free() does not ask for figures at its ticks."""
+    policy = PacingPolicy()
+    proc = HeapProcess()
+    policy.reset(0.0, proc.rss, in_use=proc.in_use)
+    proc.spike(size=300 * MiB, every=50, pinned=20 * MiB)
+    trims: list[tuple[float, bool]] = []
+    now = 0.0
+    while now < 40.0:
+        now += 1.0
+        if trims and proc.returnable == 0:
+            proc.regrow()
+        rss = proc.rss
+        read = policy.wants_free(now, rss)
+        if policy.decide(now, rss, free=proc.free if read else None, in_use=proc.in_use) == "trim":
+            growth = policy.growth(rss)
+            released = proc.trim()
+            policy.record_trim(
+                now, growth=growth, released=released, rss_after=proc.rss, in_use=proc.in_use
+            )
+            trims.append((now, True))
+    assert len(trims) > 10 and policy.provisional is None
+    assert not policy.wants_free(now + 1e-3, proc.rss + 100 * MiB)  # a candidate, not asked
+
+
 def test_growth_of_new_mappings_is_not_taken_for_regrowth() -> None:
     """pymalloc arenas are mmapped outside the heap: RSS and vsize grow, in-use bytes do not.
     That is allocation: the trim after it is not deferred as regrowth."""

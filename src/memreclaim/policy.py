@@ -61,7 +61,9 @@ The model is Go's heap scavenger (reclaim paced to a CPU budget) and the JVM's
   provisional level (``"regrowth"``) and re-tests it on the same spacing as an incomplete one
   (first after ``retest`` seconds, doubling with each trim undone in a row), so a runner makes
   a few trims a minute, not one per ``min_interval``. Growth that allocation explains triggers
-  as before.
+  as before. The runners pass ``vsize`` (and so enable this rule) only under
+  ``enabled=always``: elsewhere nothing faults freed pages back in, and pages that pymalloc
+  pools released with ``trim(pools=True)`` and reused would look the same.
 - **Soft limit.** With ``limit=`` (bytes), the policy works harder as RSS nears the limit, in
   two stages. Approaching: once RSS is nearer the mark (``limit_fraction``, 90 %, of the limit)
   than the learned level, the back-off no longer applies (the rising check and the CPU budget
@@ -468,7 +470,11 @@ class PacingPolicy:
         figures tell it from allocation.
         """
         floor, level = self._require_reset()
-        if rss is not None and self._regrowth_candidate(rss, level):
+        if (
+            rss is not None
+            and self._vsize_after is not None  # regrowth is possible here (see decide)
+            and self._regrowth_candidate(rss, level)
+        ):
             return True
         if level - floor <= self.slack and (self._excess or 0) <= self.slack:
             return False
@@ -495,12 +501,16 @@ class PacingPolicy:
     ) -> bool:
         """Learn RSS as a provisional level when its growth since the last trim is memory that
         came back by itself (see the module docstring); True when it did."""
-        if in_use is None or self._in_use_after is None or not self._regrowth_candidate(rss, level):
+        if (
+            in_use is None
+            or vsize is None
+            or self._in_use_after is None
+            or self._vsize_after is None
+            or not self._regrowth_candidate(rss, level)
+        ):
             return False
         grown = rss - level
-        explained = max(0, in_use - self._in_use_after)
-        if vsize is not None and self._vsize_after is not None:
-            explained += max(0, vsize - self._vsize_after)
+        explained = max(0, in_use - self._in_use_after) + max(0, vsize - self._vsize_after)
         if explained >= self._release_fraction * grown:
             return False  # allocation: a trim can give it back for good
         if not self._undone_seen:  # the last trim was undone: count it once
@@ -538,8 +548,10 @@ class PacingPolicy:
             in_use: the allocator's in-use bytes (:attr:`HeapStats.in_use`), read with ``free``;
                 a drop below their value after the last trim sizes what it unpinned.
             vsize: the process's mapped address space (``/proc/self/statm``'s first field, in
-                bytes), read with ``in_use``: with it, growth that no allocation explains
-                (RSS back after a trim) is told from growth that one does.
+                bytes), read with ``in_use``, where memory can come back without allocation
+                (transparent huge pages ``enabled=always``: the runners pass it only then):
+                growth that neither it nor ``in_use`` explains is regrowth, not a trigger.
+                Without it no growth is taken for regrowth.
 
         Returns ``"trim"`` (:attr:`reason` says why), ``"below-slack"``, ``"rising"`` (RSS
         still rising with work in flight: wait for the burst to end), ``"min-interval"``,

@@ -122,6 +122,27 @@ def _vsize() -> int | None:
         return None
 
 
+_thp_always: bool | None = None
+
+
+def _thp_is_always() -> bool:
+    """Whether transparent huge pages are ``enabled=always`` (read once per process): then
+    khugepaged may fault back in the free pages a trim released, with no allocation."""
+    global _thp_always
+    if _thp_always is None:
+        try:
+            with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode:
+                _thp_always = "[always]" in mode.read()
+        except OSError:
+            _thp_always = False
+    return _thp_always
+
+
+def _regrowth_vsize() -> int | None:
+    """The address space the policy compares regrowth with, where regrowth can happen."""
+    return _vsize() if _thp_is_always() else None
+
+
 def _library_in_use() -> int:
     """Bytes that library pools (pyarrow's) report in use: what no trim can give back."""
     if "pyarrow" not in sys.modules:  # stats() never imports it: nothing to read
@@ -352,7 +373,7 @@ class _Runner:
         with self._lock:
             wants_heap = self._policy.wants_free(now, current)
         heap = _heap() if wants_heap else None
-        vsize = _vsize() if heap is not None else None
+        vsize = _regrowth_vsize() if heap is not None else None
         with self._lock:
             in_flight = self._in_flight if self._requests_seen else None
             decision = self._policy.decide(
@@ -418,7 +439,7 @@ class _Runner:
                 free=None if heap is None else heap.free,
                 in_use=None if heap is None else heap.in_use,
                 mapped=mapped,
-                vsize=_vsize() if heap is not None else None,
+                vsize=_regrowth_vsize() if heap is not None else None,
                 unreached=unreached,
             )
             provisional = self._policy.provisional
