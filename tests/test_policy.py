@@ -604,6 +604,10 @@ def test_unreachable_memory_is_retested_at_growing_spacing_never_stopping() -> N
     assert max(gaps) == 120.0 and gaps[-1] == 120.0, gaps  # capped, still re-testing
     assert times[-1] > 1200.0 - 121.0
     assert not any(productive for _, productive in trims[1:])
+    due = policy.retest_due
+    assert due is not None and policy.decide(due - 0.5, proc.rss) == "below-slack"
+    assert not policy.retesting
+    assert policy.decide(due, proc.rss) == "trim" and policy.retesting
     assert policy.retest_spacing(1) == 8.0 and policy.retest_spacing(50) == 120.0
     # A trim that cost 0.5 s at a 1 % budget: the next re-test not sooner than 50 s.
     policy.record_trim(now, growth=0, released=0, rss_after=proc.rss, seconds=0.5)

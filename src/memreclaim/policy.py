@@ -353,6 +353,12 @@ class PacingPolicy:
         return self._provisional
 
     @property
+    def retesting(self) -> bool:
+        """True when the last ``"trim"`` answer was a re-test of a provisional level (until the
+        trim is recorded)."""
+        return self._retesting
+
+    @property
     def retest_due(self) -> float | None:
         """The ``now`` from which a provisional level is re-tested by a trim, or None."""
         return self._retest_due

@@ -428,7 +428,7 @@ class _Runner:
         unreached = result.reason is not None or None in result.parts.values()
         with self._lock:
             reason = self._policy.reason
-            retest = reason.startswith("re-test")
+            retest = self._policy.retesting
             productive = self._policy.record_trim(
                 now,
                 growth=growth,
