@@ -983,3 +983,39 @@ def test_freed_survivors_go_back_though_the_free_bytes_rise_under_slack(
     assert result["ticks_to_trim"] < 40, result
     assert result["back"] - result["reference"] < 0.25 * excess, result
     assert "in use fell" in result["reason"], result
+
+
+def test_a_trim_that_could_not_act_on_a_part_leaves_a_provisional_level(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The runner glue: a TrimResult with a part it could not measure (None) and a level over
+    the floor by more than slack makes the level provisional, logs when it is re-tested, and
+    the re-test is counted once it happens."""
+    from memreclaim._core import TrimResult
+
+    calls: list[int] = []
+
+    def fake_trim(*, pools: bool = False) -> TrimResult:
+        calls.append(1)
+        now = memreclaim.rss()
+        fields = (0, now, now, None, None, 0.001, "glibc", "malloc_trim(0)", 0, 0, None, None)
+        return TrimResult((*fields, {"glibc": 0, "pyarrow": None}))
+
+    monkeypatch.setattr(memreclaim, "trim", fake_trim)
+    policy = PacingPolicy(slack="4 MiB", min_interval=0.001, retest=0.05, retest_max=0.05)
+    trimmer = BackgroundTrimmer(policy=policy)
+    trimmer.tick()  # takes the floor
+    blob = bytearray(32 * MiB)  # touched: resident, over the floor by more than slack
+    with caplog.at_level(logging.INFO, logger="memreclaim"):
+        event = trimmer.tick(settled=True)
+    assert event is not None and not event.productive
+    assert policy.provisional == "incomplete", (policy.unexplained, policy.level, policy.floor)
+    assert "level provisional, re-test in" in caplog.text
+    assert policy.retest_due is not None
+    for _ in range(1000):  # deadline: 10 s; the re-test is due 0.05 s after the trim
+        if trimmer.counters.retest_trims:
+            break
+        trimmer.tick(settled=True)
+        threading.Event().wait(0.01)
+    assert trimmer.counters.retest_trims >= 1 and len(calls) >= 2, trimmer.counters
+    del blob
