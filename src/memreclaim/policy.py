@@ -502,9 +502,7 @@ class PacingPolicy:
         mark = self.limit_mark
         return mark is None or (rss < mark and not self._approaching(rss, level))
 
-    def _check_regrowth(
-        self, now: float, rss: int, level: int, in_use: int | None, vsize: int | None
-    ) -> bool:
+    def _check_regrowth(self, rss: int, level: int, in_use: int | None, vsize: int | None) -> bool:
         """Learn RSS as a provisional level when its growth since the last trim is memory that
         came back by itself (see the module docstring); True when it did."""
         if (
@@ -587,7 +585,7 @@ class PacingPolicy:
                 self._free_mark = free
         if self._traced_level is None and traced is not None:
             self._traced_level = traced
-        if self._check_regrowth(now, rss, level, in_use, vsize):
+        if self._check_regrowth(rss, level, in_use, vsize):
             level = rss
             self._traced_level = traced
         slack = self.slack
