@@ -1063,3 +1063,67 @@ def test_a_pool_the_trims_miss_is_retested_not_learnt(run_python: Any) -> None:
     assert result["trims"] >= 1, result
     if result["after"] - result["base"] >= 0.25 * spike:
         assert result["provisional"] == "incomplete" and result["retests"] >= 3, result
+
+
+REGROWTH = """
+import mmap, threading, time
+import memreclaim.watchdog as wd
+from memreclaim import BackgroundTrimmer, PacingPolicy
+from memreclaim._core import TrimResult
+
+wd._thp_always = True  # as under transparent_hugepage/enabled=always
+SIZE = 160 * 2**20
+region = mmap.mmap(-1, SIZE)  # mapped once: touching it grows RSS, not the address space
+real_trim = memreclaim.trim
+
+def touch():
+    for offset in range(0, SIZE, mmap.PAGESIZE):
+        region[offset] = 1
+
+def trim_that_khugepaged_undoes(*, pools=False):
+    # a trim that gives the region back (as malloc_trim gives free heap pages back) ...
+    before = memreclaim.rss()
+    result = real_trim(pools=pools)
+    region.madvise(mmap.MADV_DONTNEED)
+    after = memreclaim.rss()
+    fields = (before - after, before, after, None, None, result.seconds, result.allocator,
+              result.method, 0, 0, None, None, {"glibc": before - after})
+    return TrimResult(fields)
+
+memreclaim.trim = trim_that_khugepaged_undoes
+events, stamps = [], []
+
+def on_trim(event):
+    events.append(event.reason)
+    stamps.append(time.monotonic())
+    touch()  # ... and that comes straight back with no allocation (khugepaged re-collapsing)
+
+policy = PacingPolicy(slack="16 MiB", min_interval=0.05, retest=0.4, retest_max=100.0,
+                      settle_window=0.05)
+with BackgroundTrimmer(interval=0.05, policy=policy, on_trim=on_trim) as t:
+    touch()
+    wait = threading.Event()
+    for _ in range(3000):                                  # deadline: 30 s
+        if len(stamps) >= 4:
+            break
+        wait.wait(0.01)
+    emit(reasons=events, gaps=[b - a for a, b in zip(stamps, stamps[1:])],
+         ticks=t.counters.ticks, retests=t.counters.retest_trims)
+"""
+
+
+@glibc_only
+@pytest.mark.timeout(120)
+def test_memory_that_comes_back_by_itself_is_retested_at_growing_spacing(run_python: Any) -> None:
+    """THP=always, simulated: every trim gives a region back and it is faulted back in at once
+    with no allocation. The runner does not trim it again at every min_interval (0.05 s): it
+    re-tests the regrown level after `retest` (0.4 s), then twice as long each time. The gaps
+    are lower bounds set by the policy: a loaded machine only lengthens them."""
+    result = run_python(REGROWTH)
+    assert len(result["gaps"]) >= 3, result
+    assert all(
+        reason.startswith("re-test of the regrowth level") for reason in result["reasons"][1:]
+    )
+    for k, gap in enumerate(result["gaps"]):  # 0.4, 0.8, 1.6 s at least
+        assert gap >= 0.4 * 2**k * 0.95, result
+    assert result["retests"] == len(result["gaps"]), result
