@@ -34,6 +34,36 @@ The model is Go's heap scavenger (reclaim paced to a CPU budget) and the JVM's
   ``cpu_budget * budget_window`` seconds (a 1 % budget over 300 s allows 3 s of trims at once:
   a dozen trims of a loaded machine).
   An expensive trim thus pushes the next one back by its measured cost, a cheap one does not.
+- **Memory freed after a trim, sized by what it unpins.** Freed survivors of a spike may be
+  few bytes (15 MiB of strings) that pinned many pages (44 MiB): the free-bytes rise stays
+  under ``slack`` while a trim would give back three times as much. After each trim the policy
+  keeps the allocator's in-use bytes and the *pinned excess*: RSS after the trim minus those
+  in-use bytes minus the *baseline* (RSS that is no heap's: the lowest ``rss - in_use`` seen at
+  a reset or a trim). A later drop ``d`` of the in-use bytes below their after-trim value unpins,
+  pro rata, up to ``d + excess * d / in_use_after``; a trim fires when that exceeds ``slack``.
+- **An incomplete trim is no floor.** A trim that missed memory (RSS after it more than
+  ``slack`` above what the allocators map plus the baseline: memory that no allocator memreclaim
+  reads accounts for, e.g. a library's pool or a thread heap the trim did not reach; or, with a
+  pinned level, a part the trim could not read or act on) leaves a *provisional* level:
+  :attr:`PacingPolicy.provisional` is ``"incomplete"`` and the level is re-tested by a trim
+  after ``retest`` seconds, then after twice that after each re-test that finds it again, up to
+  ``retest_max``, and never sooner than the last trim's cost allows at ``cpu_budget`` (Go's
+  scavenger paces the same way: by the cost of the work, never a permanent stop). A re-test
+  that gives memory back starts the spacing over. A trim whose RSS sits over heap pages that
+  the allocator maps (survivors that pin) is complete: its level is a real floor and the
+  unproductive-trim back-off applies as before.
+- **Memory that comes back by itself.** Under transparent huge pages (``enabled=always``),
+  khugepaged can fault back the pages a trim released (it collapses a sparse 2 MiB range into
+  one huge page): RSS climbs back towards its pre-trim value while the allocator's in-use bytes
+  and the mapped address space (``vsize``) do not grow. Such growth (more than ``slack`` of it,
+  no more than the last trim released, less than ``release_fraction`` of it explained by
+  in-use or address-space growth) is not a trigger: the policy learns the regrown RSS as a
+  provisional level (``"regrowth"``) and re-tests it on the same spacing as an incomplete one
+  (first after ``retest`` seconds, doubling with each trim undone in a row), so a runner makes
+  a few trims a minute, not one per ``min_interval``. Growth that allocation explains triggers
+  as before. The runners pass ``vsize`` (and so enable this rule) only under
+  ``enabled=always``: elsewhere nothing faults freed pages back in, and pages that pymalloc
+  pools released with ``trim(pools=True)`` and reused would look the same.
 - **Soft limit.** With ``limit=`` (bytes), the policy works harder as RSS nears the limit, in
   two stages. Approaching: once RSS is nearer the mark (``limit_fraction``, 90 %, of the limit)
   than the learned level, the back-off no longer applies (the rising check and the CPU budget
@@ -49,7 +79,10 @@ The model is Go's heap scavenger (reclaim paced to a CPU budget) and the JVM's
 
 Defaults: ``slack=None`` derives the trigger from the learned level, ``max(8 MiB, level / 8)``
 (so a 60 MiB service trims after 8 MiB of growth, a 2 GiB one after 256 MiB); ``min_interval``
-1 s; ``backoff_max`` 30 s; ``cpu_budget`` 1 %.
+1 s; ``backoff_max`` 30 s; ``cpu_budget`` 1 %; ``retest`` 8 s, ``retest_max`` 300 s.
+
+Unproductive: a trim that gave back less than ``max(min_release, release_fraction * growth)``
+(:meth:`PacingPolicy.productive`, the one definition the runners count).
 """
 
 from __future__ import annotations
@@ -69,12 +102,16 @@ __all__ = [
     "NEAR_LIMIT_TICK",
     "Decision",
     "PacingPolicy",
+    "Provisional",
 ]
 
 logger = logging.getLogger("memreclaim")
 
 Decision = Literal["below-slack", "rising", "min-interval", "backoff", "budget", "trim"]
 """What :meth:`PacingPolicy.decide` answers."""
+
+Provisional = Literal["incomplete", "regrowth"]
+"""Why the learned level is provisional (see :attr:`PacingPolicy.provisional`)."""
 
 AUTO_SLACK_MIN = 8 << 20
 """With ``slack=None``, the trigger is at least this many bytes of growth."""
@@ -131,6 +168,11 @@ class PacingPolicy:
         limit_fraction: fraction of ``limit`` at which trims ignore back-off and budget.
         use_traced: when tracemalloc is tracing, growth it explains (live objects) does not
             count, and a fall of traced bytes counts as a free.
+        retest: seconds after an incomplete trim (or a trim undone by regrowth) before the
+            provisional level is re-tested by a trim (>= min_interval is not required: the
+            minimum interval applies anyway).
+        retest_max: cap, in seconds, of the spacing between re-tests, which doubles with each
+            re-test that finds the level again (>= ``retest``).
 
     Raises:
         TypeError, ValueError: for a wrong type or an out-of-range value, naming the argument.
@@ -151,6 +193,8 @@ class PacingPolicy:
         limit: int | str | None = "auto",
         limit_fraction: float = 0.9,
         use_traced: bool = True,
+        retest: float = 8.0,
+        retest_max: float = 300.0,
     ) -> None:
         self._slack = None if slack is None else _validate.size("slack", slack)
         self._min_interval = _validate.seconds("min_interval", min_interval)
@@ -176,6 +220,24 @@ class PacingPolicy:
             "limit_fraction", limit_fraction, allow_zero=False
         )
         self._use_traced = _validate.flag("use_traced", use_traced)
+        self._retest = _validate.seconds("retest", retest)
+        self._retest_max = _validate.seconds("retest_max", retest_max)
+        if self._retest_max < self._retest:
+            raise ValueError(f"retest_max ({retest_max!r} s) must be >= retest ({retest!r} s)")
+        # What the last trim left, for the rules that look past RSS (see the module docstring).
+        self._baseline: int | None = None
+        self._in_use_after: int | None = None
+        self._vsize_after: int | None = None
+        self._excess: int | None = None
+        self._unexplained: int | None = None
+        self._released_last = 0
+        self._seconds_last = 0.0
+        self._provisional: Provisional | None = None
+        self._retest_due: float | None = None
+        self._retesting = False
+        self._miss_run = 0
+        self._undone_run = 0
+        self._undone_seen = False
         self._floor: int | None = None
         self._level: int | None = None
         self._traced_level: int | None = None
@@ -240,6 +302,16 @@ class PacingPolicy:
         """Whether tracemalloc's traced bytes are used when tracing."""
         return self._use_traced
 
+    @property
+    def retest(self) -> float:
+        """Seconds before the first re-test of a provisional level."""
+        return self._retest
+
+    @property
+    def retest_max(self) -> float:
+        """Longest spacing, in seconds, between two re-tests of a provisional level."""
+        return self._retest_max
+
     # ---- state ------------------------------------------------------------------------------
 
     @property
@@ -273,6 +345,58 @@ class PacingPolicy:
         return min(self._backoff_max, self._min_interval * 2.0 ** (self._unproductive_run - 1))
 
     @property
+    def provisional(self) -> Provisional | None:
+        """Why the learned level will be re-tested: ``"incomplete"`` (the last trim left memory
+        that no allocator read accounts for, or could not act on a part), ``"regrowth"`` (RSS came
+        back after the last trim without allocation), or None (the level is what live data
+        pins)."""
+        return self._provisional
+
+    @property
+    def retesting(self) -> bool:
+        """True when the last ``"trim"`` answer was a re-test of a provisional level (until the
+        trim is recorded)."""
+        return self._retesting
+
+    @property
+    def retest_due(self) -> float | None:
+        """The ``now`` from which a provisional level is re-tested by a trim, or None."""
+        return self._retest_due
+
+    @property
+    def baseline(self) -> int | None:
+        """The learned RSS that no heap holds: the lowest ``rss - in_use`` seen at a reset or a
+        trim (None until the caller passed ``in_use``)."""
+        return self._baseline
+
+    @property
+    def excess(self) -> int | None:
+        """The pinned excess after the last trim: RSS after it minus the in-use bytes and the
+        baseline (free heap pages kept resident by the memory still in use), or None."""
+        return self._excess
+
+    @property
+    def unexplained(self) -> int | None:
+        """RSS after the last trim that neither the allocators' mapped bytes nor the baseline
+        account for (< 0 when they account for all of it), or None without figures."""
+        return self._unexplained
+
+    def retest_spacing(self, run: int) -> float:
+        """Seconds between a trim and the re-test of its provisional level, after ``run``
+        re-tests in a row found the level again (``run >= 1``): ``retest * 2 ** (run - 1)``,
+        at least the last trim's cost divided by ``cpu_budget``, at most ``retest_max``."""
+        run = _validate.integer("run", run, minimum=1)
+        spacing = self._retest * 2.0 ** min(run - 1, 64)
+        cost_paced = self._seconds_last / self._cpu_budget
+        return max(self._min_interval, min(self._retest_max, max(spacing, cost_paced)))
+
+    def productive(self, released: int, growth: int) -> bool:
+        """Whether a trim that gave back ``released`` bytes after ``growth`` bytes of growth was
+        productive: at least ``max(min_release, release_fraction * growth)``. The one
+        definition: :meth:`record_trim` returns it and the runners count it."""
+        return released >= max(self._min_release, int(self._release_fraction * growth))
+
+    @property
     def last_trim(self) -> float | None:
         """The ``now`` of the last recorded trim, or None."""
         return self._last_trim
@@ -289,9 +413,31 @@ class PacingPolicy:
 
     # ---- the calls --------------------------------------------------------------------------
 
-    def reset(self, now: float, rss: int, traced: int | None = None) -> None:
-        """Start over at ``now``: floor and level are ``rss``, no trim recorded, full credit."""
+    def reset(
+        self,
+        now: float,
+        rss: int,
+        traced: int | None = None,
+        *,
+        in_use: int | None = None,
+    ) -> None:
+        """Start over at ``now``: floor and level are ``rss``, no trim recorded, full credit.
+
+        ``in_use`` (the allocator's in-use bytes, :attr:`HeapStats.in_use`, when known) seeds
+        the baseline (``rss - in_use``: what no heap holds).
+        """
         _validate.integer("rss", rss)
+        if in_use is not None:
+            _validate.integer("in_use", in_use)
+        self._baseline = None if in_use is None else rss - in_use
+        self._in_use_after = self._vsize_after = self._excess = self._unexplained = None
+        self._released_last = 0
+        self._seconds_last = 0.0
+        self._provisional = None
+        self._retest_due = None
+        self._retesting = False
+        self._miss_run = self._undone_run = 0
+        self._undone_seen = False
         self._floor = self._level = self._previous = rss
         self._recent.clear()
         self._recent.append((now, rss))
@@ -317,15 +463,26 @@ class PacingPolicy:
             grown -= max(0, traced - self._traced_level)
         return grown
 
-    def wants_free(self, now: float) -> bool:
-        """Whether the caller should pass the allocator's free bytes (``free=``) to this tick.
+    def wants_free(self, now: float, rss: int | None = None) -> bool:
+        """Whether the caller should pass the allocator's figures (``free=``, ``in_use=``,
+        ``vsize=``) to this tick.
 
-        True while the level is more than ``slack`` over the floor (memory pinned at the last
-        trim may be freed later, which RSS cannot show), at most once per ``min_interval`` (or
-        per second), and every :data:`NEAR_LIMIT_FREE_READ` seconds near the limit.
+        True while the level is more than ``slack`` over the floor, or the pinned excess is more
+        than ``slack`` (memory pinned at the last trim may be freed later, which RSS cannot show),
+        at most once per ``min_interval`` (or per second), and every
+        :data:`NEAR_LIMIT_FREE_READ` seconds near the limit. With ``rss`` (this tick's reading),
+        also at every tick whose growth could be memory that came back by itself after the last
+        trim (more than ``slack``, at most what that trim released plus ``slack``): only the
+        figures tell it from allocation.
         """
         floor, level = self._require_reset()
-        if level - floor <= self.slack:
+        if (
+            rss is not None
+            and self._vsize_after is not None  # regrowth is possible here (see decide)
+            and self._regrowth_candidate(rss, level)
+        ):
+            return True
+        if level - floor <= self.slack and (self._excess or 0) <= self.slack:
             return False
         last = self._last_free_read
         every = min(self._min_interval, 1.0)
@@ -333,6 +490,41 @@ class PacingPolicy:
         if held or (self._previous is not None and self._near_limit(self._previous, level)):
             every = min(every, NEAR_LIMIT_FREE_READ)
         return last is None or now - last >= every
+
+    def _regrowth_candidate(self, rss: int, level: int) -> bool:
+        """RSS grew more than slack since the last trim, by no more than that trim gave back
+        (plus slack), away from the limit: memory that may have come back without allocation."""
+        if self._last_trim is None or self._released_last <= self.slack:
+            return False
+        grown = rss - level
+        if not self.slack < grown <= self._released_last + self.slack:
+            return False
+        mark = self.limit_mark
+        return mark is None or (rss < mark and not self._approaching(rss, level))
+
+    def _check_regrowth(self, rss: int, level: int, in_use: int | None, vsize: int | None) -> bool:
+        """Learn RSS as a provisional level when its growth since the last trim is memory that
+        came back by itself (see the module docstring); True when it did."""
+        if (
+            in_use is None
+            or vsize is None
+            or self._in_use_after is None
+            or self._vsize_after is None
+            or not self._regrowth_candidate(rss, level)
+        ):
+            return False
+        grown = rss - level
+        explained = max(0, in_use - self._in_use_after) + max(0, vsize - self._vsize_after)
+        if explained >= self._release_fraction * grown:
+            return False  # allocation: a trim can give it back for good
+        if not self._undone_seen:  # the last trim was undone: count it once
+            self._undone_seen = True
+            self._undone_run += 1
+            assert self._last_trim is not None
+            self._retest_due = self._last_trim + self.retest_spacing(self._undone_run)
+        self._provisional = "regrowth"
+        self._level = rss
+        return True
 
     def decide(
         self,
@@ -343,6 +535,8 @@ class PacingPolicy:
         free: int | None = None,
         in_flight: int | None = None,
         settled: bool = False,
+        in_use: int | None = None,
+        vsize: int | None = None,
     ) -> Decision:
         """Take one reading and say whether to trim now.
 
@@ -355,6 +549,13 @@ class PacingPolicy:
             in_flight: requests being handled now, when the caller knows; None otherwise.
             settled: the unit of work that allocated is over (a hook after a request or task
                 in a process that handles one at a time): skip the rising check.
+            in_use: the allocator's in-use bytes (:attr:`HeapStats.in_use`), read with ``free``;
+                a drop below their value after the last trim sizes what it unpinned.
+            vsize: the process's mapped address space (``/proc/self/statm``'s first field, in
+                bytes), read with ``in_use``, where memory can come back without allocation
+                (transparent huge pages ``enabled=always``: the runners pass it only then):
+                growth that neither it nor ``in_use`` explains is regrowth, not a trigger.
+                Without it no growth is taken for regrowth.
 
         Returns ``"trim"`` (:attr:`reason` says why), ``"below-slack"``, ``"rising"`` (RSS
         still rising with work in flight: wait for the burst to end), ``"min-interval"``,
@@ -363,6 +564,10 @@ class PacingPolicy:
         floor, level = self._require_reset()
         if in_flight is not None:
             _validate.integer("in_flight", in_flight)
+        for name, value in (("in_use", in_use), ("vsize", vsize)):
+            if value is not None:
+                _validate.integer(name, value)
+        self._retesting = False
         if rss < floor:
             self._floor = floor = rss
         if rss < level:  # memory went back by itself: the level follows it down
@@ -379,6 +584,9 @@ class PacingPolicy:
             if self._free_mark is None or free < self._free_mark:
                 self._free_mark = free
         if self._traced_level is None and traced is not None:
+            self._traced_level = traced
+        if self._check_regrowth(rss, level, in_use, vsize):
+            level = rss
             self._traced_level = traced
         slack = self.slack
         limit_mark = self.limit_mark
@@ -405,7 +613,11 @@ class PacingPolicy:
                 return "trim"
             if level >= limit_mark:
                 self._warn_limit(level, limit_mark)
-        reason = self._trigger(rss, traced, free, slack)
+        reason = self._trigger(rss, traced, free, in_use, slack)
+        retest = False
+        if reason is None and self._retest_due is not None and now >= self._retest_due:
+            reason = f"re-test of the {self._provisional} level {format_bytes(level)}"
+            retest = True
         if reason is None:
             return "below-slack"
         # Approaching the limit (nearer the mark than the learned level: the growth a trim could
@@ -416,11 +628,13 @@ class PacingPolicy:
         rising = rss - lowest > self.settle
         if rising and not settled and in_flight != 0:
             return "rising"
-        wait = self._min_interval if approaching else self.wait
+        # A re-test has its own spacing (longer than the back-off's): only the minimum applies.
+        wait = self._min_interval if approaching or retest else self.wait
         if self._last_trim is not None and now < self._last_trim + wait:
             return "backoff" if wait > self._min_interval else "min-interval"
         if self.credit(now) < 0:
             return "budget"
+        self._retesting = retest
         self._reason = reason if not approaching else f"{reason}, approaching the limit"
         return "trim"
 
@@ -456,7 +670,9 @@ class PacingPolicy:
             return min(interval, NEAR_LIMIT_TICK)
         return interval
 
-    def _trigger(self, rss: int, traced: int | None, free: int | None, slack: int) -> str | None:
+    def _trigger(
+        self, rss: int, traced: int | None, free: int | None, in_use: int | None, slack: int
+    ) -> str | None:
         grown = self.growth(rss, traced)
         if grown > slack:
             return f"growth {format_bytes(grown)} > slack {format_bytes(slack)}"
@@ -469,7 +685,23 @@ class PacingPolicy:
             and self._traced_level - traced > slack
         ):
             return f"traced memory fell {format_bytes(self._traced_level - traced)}"
+        unpinned = self._unpinned(in_use)
+        if unpinned > slack:
+            assert in_use is not None and self._in_use_after is not None
+            return (
+                f"in use fell {format_bytes(self._in_use_after - in_use)} since the last trim:"
+                f" up to {format_bytes(unpinned)} returnable"
+            )
         return None
+
+    def _unpinned(self, in_use: int | None) -> int:
+        """Bytes a drop of in-use bytes to ``in_use`` may let a trim return: the drop, plus the
+        pinned excess pro rata (0 without figures)."""
+        after = self._in_use_after
+        if in_use is None or after is None or in_use >= after:
+            return 0
+        dropped = after - in_use
+        return dropped + (self._excess or 0) * dropped // max(after, 1)
 
     def _warn_limit(self, level: int, mark: int) -> None:
         if self._warned_limit:
@@ -494,21 +726,40 @@ class PacingPolicy:
         seconds: float = 0.0,
         traced: int | None = None,
         free: int | None = None,
+        in_use: int | None = None,
+        mapped: int | None = None,
+        vsize: int | None = None,
+        unreached: bool = False,
     ) -> bool:
         """Record a trim's outcome at ``now`` (its end); return True when it was productive.
 
         The level becomes ``rss_after`` (what live data pins now); ``free`` (the allocator's
         free bytes right after the trim, when known) is the mark later frees are measured
-        from; ``seconds`` is charged to the CPU budget. Productive: ``released`` is at least
-        ``max(min_release, release_fraction * growth)``.
+        from; ``seconds`` is charged to the CPU budget. Productive: see :meth:`productive`.
+
+        The allocator's figures right after the trim, when known, let the policy see what the
+        trim missed: ``in_use`` (:attr:`HeapStats.in_use`), ``mapped`` (the bytes the
+        allocators map, :attr:`HeapStats.mapped`, plus the in-use bytes that library pools
+        report), ``vsize`` (mapped address space) and ``unreached`` (the trim could not act on
+        or read a part: a ``None`` in :attr:`TrimResult.parts`, or a :attr:`TrimResult.reason`).
+        When RSS after the trim is more than ``slack`` over ``mapped`` plus the baseline, or
+        ``unreached`` with the level more than ``slack`` over the floor, the level is
+        provisional (:attr:`provisional`): re-tested at :attr:`retest_due`.
         """
         self._require_reset()
         seconds = _validate.seconds("seconds", seconds, allow_zero=True)
-        productive = released >= max(self._min_release, int(self._release_fraction * growth))
+        for name, value in (("in_use", in_use), ("mapped", mapped), ("vsize", vsize)):
+            if value is not None:
+                _validate.integer(name, value)
+        _validate.flag("unreached", unreached)
+        productive = self.productive(released, growth)
         if self._urgent:  # made at or approaching the limit: keep watching closely a while
             self._hold_until = now + NEAR_LIMIT_HOLD
         self._urgent = False
         self._unproductive_run = 0 if productive else self._unproductive_run + 1
+        if self._last_trim is not None and not self._undone_seen:
+            self._undone_run = 0  # the previous trim's release held until this one
+        self._undone_seen = False
         self._credit = self.credit(now) - seconds
         self._credit_at = now
         self._last_trim = now
@@ -521,8 +772,51 @@ class PacingPolicy:
         self._free_mark = free
         if free is not None:
             self._last_free_read = now
+        self._released_last = max(0, released)
+        self._seconds_last = seconds
+        self._learn_figures(rss_after, in_use, mapped, vsize)
+        self._judge_level(now, rss_after, productive, unreached)
         if self._limit is not None:
             mark = int(self._limit * self._limit_fraction)
             if rss_after >= mark:
                 self._warn_limit(rss_after, mark)
         return productive
+
+    def _learn_figures(
+        self, rss_after: int, in_use: int | None, mapped: int | None, vsize: int | None
+    ) -> None:
+        self._in_use_after = in_use
+        self._vsize_after = vsize
+        if in_use is not None:
+            outside = rss_after - in_use
+            if self._baseline is None or outside < self._baseline:
+                self._baseline = outside
+        baseline = self._baseline
+        if in_use is None or baseline is None:
+            self._excess = None
+        else:
+            self._excess = max(0, rss_after - in_use - baseline)
+        self._unexplained = (
+            None if mapped is None or baseline is None else (rss_after - mapped - baseline)
+        )
+
+    def _judge_level(self, now: float, rss_after: int, productive: bool, unreached: bool) -> None:
+        """Provisional or not: the level a trim left (see :attr:`provisional`)."""
+        slack = self.slack
+        floor = self._floor if self._floor is not None else rss_after
+        missed = self._unexplained is not None and self._unexplained > slack
+        incomplete = missed or (unreached and rss_after - floor > slack)
+        retested = self._retesting
+        self._retesting = False
+        if incomplete:
+            # A re-test that found the level again doubles the spacing; one that gave memory
+            # back (or the first incomplete trim) starts it over.
+            self._miss_run = self._miss_run + 1 if retested and not productive else 1
+            self._provisional = "incomplete"
+            self._retest_due = now + self.retest_spacing(self._miss_run)
+            return
+        # Complete. After trims undone by regrowth, the run is kept until a trim holds (see
+        # record_trim): the next regrowth then waits longer.
+        self._miss_run = 0
+        self._provisional = None
+        self._retest_due = None

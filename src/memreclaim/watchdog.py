@@ -31,6 +31,7 @@ import collections.abc
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import tracemalloc
@@ -43,7 +44,7 @@ from typing import Any, Literal
 import memreclaim
 
 from . import _validate
-from ._core import TrimResult, UnsupportedAllocatorError, heap_stats, rss
+from ._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
 from ._limits import UsageAlarm, usage_alarm
 from .policy import Decision, PacingPolicy
 from .units import format_bytes
@@ -90,16 +91,72 @@ def _traced() -> int | None:
 _free_unsupported = False
 
 
-def _free_bytes() -> int | None:
-    """The allocator's free bytes (glibc mallinfo2), or None when it does not say."""
+def _heap() -> HeapStats | None:
+    """The allocator's figures (glibc mallinfo2: microseconds on a tidy heap, about 3 ms on a
+    fragmented 400 MiB one), or None when it does not say."""
     global _free_unsupported
     if _free_unsupported:
         return None
     try:
-        return heap_stats().free
+        return heap_stats()
     except (UnsupportedAllocatorError, OSError):
         _free_unsupported = True
         return None
+
+
+def _free_bytes() -> int | None:
+    """The allocator's free bytes (glibc mallinfo2), or None when it does not say."""
+    heap = _heap()
+    return None if heap is None else heap.free
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _vsize() -> int | None:
+    """The mapped address space in bytes (``/proc/self/statm``'s first field), or None."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[0]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_thp_always: bool | None = None
+
+
+def _thp_is_always() -> bool:
+    """Whether transparent huge pages are ``enabled=always`` (read once per process): then
+    khugepaged may fault back in the free pages a trim released, with no allocation."""
+    global _thp_always
+    if _thp_always is None:
+        try:
+            with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode:
+                _thp_always = "[always]" in mode.read()
+        except OSError:
+            _thp_always = False
+    return _thp_always
+
+
+def _regrowth_vsize() -> int | None:
+    """The address space the policy compares regrowth with, where regrowth can happen."""
+    return _vsize() if _thp_is_always() else None
+
+
+def _library_in_use() -> int:
+    """Bytes that library pools (pyarrow's) report in use: what no trim can give back."""
+    if "pyarrow" not in sys.modules:  # stats() never imports it: nothing to read
+        return 0
+    try:
+        libraries = memreclaim.stats().libraries
+    except OSError:
+        return 0
+    total = 0
+    for figures in libraries.values():
+        value = figures.get("bytes_allocated")
+        if isinstance(value, int) and value > 0:
+            total += value
+    return total
 
 
 def _fix_thread_thresholds(reason: str) -> bool:
@@ -172,6 +229,8 @@ class Counters:
     """Policy checks made (one RSS read each)."""
     trims: int = 0
     """Trims made."""
+    retest_trims: int = 0
+    """Of those, re-tests of a provisional level (see :attr:`PacingPolicy.provisional`)."""
     unproductive_trims: int = 0
     """Trims that returned too little (each one extends the back-off)."""
     bytes_released: int = 0
@@ -312,12 +371,20 @@ class _Runner:
         current = rss()
         traced = _traced()
         with self._lock:
-            wants_free = self._policy.wants_free(now)
-        free = _free_bytes() if wants_free else None
+            wants_heap = self._policy.wants_free(now, current)
+        heap = _heap() if wants_heap else None
+        vsize = _regrowth_vsize() if heap is not None else None
         with self._lock:
             in_flight = self._in_flight if self._requests_seen else None
             decision = self._policy.decide(
-                now, current, traced=traced, free=free, in_flight=in_flight, settled=settled
+                now,
+                current,
+                traced=traced,
+                free=None if heap is None else heap.free,
+                in_flight=in_flight,
+                settled=settled,
+                in_use=None if heap is None else heap.in_use,
+                vsize=vsize,
             )
             growth = self._policy.growth(current, traced)
             skipped = {
@@ -353,9 +420,15 @@ class _Runner:
     ) -> TrimEvent:
         released = result.released or 0
         rss_after = result.rss_after if result.rss_after is not None else rss()
-        free = _free_bytes()
+        heap = _heap()
+        mapped = None
+        if heap is not None and heap.mapped is not None:
+            mapped = heap.mapped + _library_in_use()
+        # A part it could not measure or act on: the trim may have missed memory there.
+        unreached = result.reason is not None or None in result.parts.values()
         with self._lock:
             reason = self._policy.reason
+            retest = self._policy.retesting
             productive = self._policy.record_trim(
                 now,
                 growth=growth,
@@ -363,10 +436,17 @@ class _Runner:
                 rss_after=rss_after,
                 seconds=result.seconds,
                 traced=_traced(),
-                free=free,
+                free=None if heap is None else heap.free,
+                in_use=None if heap is None else heap.in_use,
+                mapped=mapped,
+                vsize=_regrowth_vsize() if heap is not None else None,
+                unreached=unreached,
             )
+            provisional = self._policy.provisional
+            retest_due = self._policy.retest_due
             self._add(
                 trims=1,
+                retest_trims=1 if retest else 0,
                 unproductive_trims=0 if productive else 1,
                 bytes_released=released,
                 trim_seconds=result.seconds,
@@ -384,6 +464,15 @@ class _Runner:
             productive=productive,
             deferred=deferred,
         )
+        if provisional == "incomplete" and retest_due is not None:
+            outcome = (
+                f"; the trim missed memory: level provisional, re-test in"
+                f" {max(0.0, retest_due - now):.1f} s"
+            )
+        elif productive:
+            outcome = ""
+        else:
+            outcome = "; little was free: level learned"
         logger.info(
             "%s %s: trim released %s in %.1f ms (%s, gate=%s%s)%s",
             self._kind,
@@ -393,7 +482,7 @@ class _Runner:
             event.reason,
             gate,
             f", deferred {deferred * 1000.0:.0f} ms" if deferred else "",
-            "" if productive else "; little was free: level learned",
+            outcome,
         )
         if self._thresholds is None and left > slack and threading.active_count() >= 3:
             self._check_arenas(slack)
@@ -477,8 +566,10 @@ class _Runner:
         if self._thresholds:
             _fix_thread_thresholds("thresholds=True")
         current = rss()
+        heap = _heap()
         with self._lock:
-            self._policy.reset(time.monotonic(), current, _traced())
+            in_use = None if heap is None else heap.in_use
+            self._policy.reset(time.monotonic(), current, _traced(), in_use=in_use)
             self._add(floor=current, level=current, last_rss=current)
 
 
