@@ -31,7 +31,6 @@ import collections.abc
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 import tracemalloc
@@ -43,7 +42,7 @@ from typing import Any, Literal
 
 import memreclaim
 
-from . import _validate
+from . import _libraries, _validate
 from ._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
 from ._limits import UsageAlarm, usage_alarm
 from .policy import Decision, PacingPolicy
@@ -143,20 +142,12 @@ def _regrowth_vsize() -> int | None:
     return _vsize() if _thp_is_always() else None
 
 
-def _library_in_use() -> int:
-    """Bytes that library pools (pyarrow's) report in use: what no trim can give back."""
-    if "pyarrow" not in sys.modules:  # stats() never imports it: nothing to read
-        return 0
-    try:
-        libraries = memreclaim.stats().libraries
-    except OSError:
-        return 0
-    total = 0
-    for figures in libraries.values():
-        value = figures.get("bytes_allocated")
-        if isinstance(value, int) and value > 0:
-            total += value
-    return total
+def _in_use(heap: HeapStats | None) -> int | None:
+    """Bytes live data holds: the allocator's in-use figure plus what library pools (pyarrow's)
+    report in use, or None when the allocator does not say."""
+    if heap is None or heap.in_use is None:
+        return None
+    return heap.in_use + _libraries.in_use()
 
 
 def _fix_thread_thresholds(reason: str) -> bool:
@@ -383,7 +374,7 @@ class _Runner:
                 free=None if heap is None else heap.free,
                 in_flight=in_flight,
                 settled=settled,
-                in_use=None if heap is None else heap.in_use,
+                in_use=_in_use(heap),
                 vsize=vsize,
             )
             growth = self._policy.growth(current, traced)
@@ -423,7 +414,7 @@ class _Runner:
         heap = _heap()
         mapped = None
         if heap is not None and heap.mapped is not None:
-            mapped = heap.mapped + _library_in_use()
+            mapped = heap.mapped + _libraries.in_use()
         # A part it could not measure or act on: the trim may have missed memory there.
         unreached = result.reason is not None or None in result.parts.values()
         with self._lock:
@@ -437,7 +428,7 @@ class _Runner:
                 seconds=result.seconds,
                 traced=_traced(),
                 free=None if heap is None else heap.free,
-                in_use=None if heap is None else heap.in_use,
+                in_use=_in_use(heap),
                 mapped=mapped,
                 vsize=_regrowth_vsize() if heap is not None else None,
                 unreached=unreached,
@@ -568,7 +559,7 @@ class _Runner:
         current = rss()
         heap = _heap()
         with self._lock:
-            in_use = None if heap is None else heap.in_use
+            in_use = _in_use(heap)
             self._policy.reset(time.monotonic(), current, _traced(), in_use=in_use)
             self._add(floor=current, level=current, last_rss=current)
 
