@@ -174,7 +174,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the markdown table there")
     args = parser.parse_args()
     if os.geteuid() != 0:
-        print("bench_thp.py needs root: it sets /sys/kernel/mm/transparent_hugepage", file=sys.stderr)
+        print("bench_thp.py needs root: it sets THP in /sys/kernel/mm", file=sys.stderr)
         return 2
     if not ENABLED.exists():
         print("this kernel has no transparent huge pages", file=sys.stderr)

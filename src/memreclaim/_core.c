@@ -1330,8 +1330,14 @@ static PyObject *core_thp_heap_ranges(PyObject *Py_UNUSED(module), PyObject *con
         PyErr_Format(PyExc_TypeError, "_thp_heap_ranges() takes 2 arguments (%zd given)", nargs);
         return NULL;
     }
-    if (parse_bounded_int(args[1], "pmd_size", 4096, (long long)1 << 40, &pmd_size) < 0 ||
-        !PyUnicode_FSConverter(args[0], &path)) {
+    if (parse_bounded_int(args[1], "pmd_size", 4096, (long long)1 << 40, &pmd_size) < 0) {
+        return NULL;
+    }
+    if ((pmd_size & (pmd_size - 1)) != 0) {
+        PyErr_Format(PyExc_ValueError, "pmd_size must be a power of two, got %lld", pmd_size);
+        return NULL;
+    }
+    if (!PyUnicode_FSConverter(args[0], &path)) {
         return NULL;
     }
     ranges = PyList_New(0);
@@ -1362,7 +1368,7 @@ PyDoc_STRVAR(thp_mark_heap_doc,
 
 static PyObject *core_thp_mark_heap(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
-    mr_thp_marked marked;
+    mr_thp_marked marked = {0, 0, 0};
     PyObject *result;
     int err;
 
