@@ -312,10 +312,10 @@ static atomic_int thp_warned = 0;
 
 typedef struct {
     mr_thp_mode mode;
-    int mode_err;     /* reading the mode */
-    char failed[600]; /* the file that could not be read */
-    int attempted;    /* the marking ran */
-    int mark_err;     /* its errno */
+    int mode_err;                 /* reading the mode */
+    char failed[MR_THP_PATH_MAX]; /* the file that could not be read */
+    int attempted;                /* the marking ran */
+    int mark_err;                 /* its errno */
     mr_thp_marked marked;
 } thp_outcome;
 
@@ -745,7 +745,7 @@ static int thp_stats(PyObject **mode, PyObject **huge)
 {
     mr_thp_mode thp;
     mr_rollup rollup;
-    char failed[600];
+    char failed[MR_THP_PATH_MAX];
     int thp_err, rollup_err = ENOENT;
     PyObject *why = NULL;
 
@@ -1249,7 +1249,7 @@ static int set_item_str(PyObject *dict, const char *key, const char *value)
 static PyObject *thp_settings_dict(const char *dir)
 {
     mr_thp_settings settings;
-    char failed[600];
+    char failed[MR_THP_PATH_MAX];
     PyObject *result;
     int err;
 

@@ -98,6 +98,8 @@ int mr_heap_mapping_read(int pid, int64_t *out);
 
 /* Transparent huge pages (procfs.c reads the settings, thp.c marks the heap). */
 #define MR_THP_SYSFS "/sys/kernel/mm/transparent_hugepage"
+/* Room for the path of a THP file that could not be read (a directory of up to 511 bytes). */
+#define MR_THP_PATH_MAX 600
 
 typedef enum {
     MR_THP_NONE = 0, /* the kernel has no THP (no transparent_hugepage/enabled) */

@@ -635,7 +635,7 @@ static pthread_once_t pmd_once = PTHREAD_ONCE_INIT;
 
 static void pmd_init_once(void)
 {
-    char failed[8];
+    char failed[MR_THP_PATH_MAX];
     (void)pmd_enabled_name(MR_THP_SYSFS, &pmd_size_bytes, pmd_enabled_path,
                            sizeof(pmd_enabled_path), failed, sizeof(failed));
 }
