@@ -306,9 +306,11 @@ static int set_part(PyObject *parts, const char *key, int before_err, const mr_r
 /* ---- transparent huge pages ------------------------------------------------------------------ */
 
 /* Process-wide, like the heap it is about: whether trim() marks the heap under THP "always"
- * (set_thp_marking), and whether a failure to read or mark has been warned about. */
+ * (set_thp_marking), and whether trim() and stats() have warned that they could not read or mark
+ * (each says why once). */
 static atomic_int thp_marking = 1;
-static atomic_int thp_warned = 0;
+static atomic_int thp_warned_trim = 0;
+static atomic_int thp_warned_stats = 0;
 
 typedef struct {
     mr_thp_mode mode;
@@ -319,11 +321,12 @@ typedef struct {
     mr_thp_marked marked;
 } thp_outcome;
 
-/* One RuntimeWarning per process saying why THP could not be dealt with. -1 if it raised. */
-static int thp_warn_once(PyObject *reason)
+/* One RuntimeWarning per process and flag saying why THP could not be dealt with. -1 if it
+ * raised. */
+static int thp_warn_once(atomic_int *warned, PyObject *reason)
 {
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&thp_warned, &expected, 1)) {
+    if (!atomic_compare_exchange_strong(warned, &expected, 1)) {
         return 0;
     }
     return PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "%U", reason);
@@ -377,7 +380,7 @@ static int set_thp_fields(PyObject *result, Py_ssize_t first, const thp_outcome 
     }
     /* Turned off on purpose is said in the result, not warned about. */
     int warn = thp->mode_err != 0 || (thp->attempted && thp->mark_err != 0);
-    if (warn && thp_warn_once(reason) < 0) {
+    if (warn && thp_warn_once(&thp_warned_trim, reason) < 0) {
         Py_DECREF(reason);
         return -1;
     }
@@ -766,7 +769,7 @@ static int thp_stats(PyObject **mode, PyObject **huge)
                                    strerror(rollup_err));
     }
     if ((thp_err != 0 || (rollup_err != 0 && rollup_err != ENOENT)) &&
-        (why == NULL || thp_warn_once(why) < 0)) {
+        (why == NULL || thp_warn_once(&thp_warned_stats, why) < 0)) {
         Py_XDECREF(why);
         return -1;
     }
