@@ -9,8 +9,13 @@ files; the marking by calling its entry point in a fresh interpreter and reading
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -406,3 +411,138 @@ def test_marking_keeps_the_contents(run_python: Callable[..., dict[str, Any]]) -
         """
     )
     assert out["same"]
+
+
+# ---- trim() and stats() against a THP mode of our own, in a private mount namespace -------------
+
+NAMESPACE_PRELUDE = """
+import json, os, warnings
+import memreclaim
+from memreclaim import _core, workloads
+
+def heap_nh():
+    flags, name = [], None
+    with open("/proc/self/smaps") as f:
+        for text in f:
+            head = text.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                name = head[5] if len(head) > 5 else ""
+            elif head[0] == "VmFlags:" and name == "[heap]":
+                flags.append("nh" in head[1:])
+    return flags
+
+def emit(**values):
+    print("RESULT " + json.dumps(values), flush=True)
+"""
+
+
+def in_fake_sysfs(fake: Path, code: str) -> dict[str, Any]:
+    """Run code in a fresh interpreter that sees ``fake`` as /sys/kernel/mm/transparent_hugepage:
+    a bind mount in a mount namespace of its own (``unshare -m``, or ``-rm`` when not root), so
+    the system's THP settings, which other tests share, are never touched."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs unshare(1) (util-linux)")
+    script = 'mount --bind "$0" /sys/kernel/mm/transparent_hugepage && exec "$1" -c "$2"'
+    flags = "-m" if os.geteuid() == 0 else "-rm"
+    probe = subprocess.run(
+        [unshare, flags, "sh", "-c", script, str(fake), sys.executable, "pass"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot bind-mount in a private mount namespace: {probe.stderr.strip()}")
+    proc = subprocess.run(
+        [unshare, flags, "sh", "-c", script, str(fake), sys.executable,
+         NAMESPACE_PRELUDE + textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    results = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert results, proc.stdout + proc.stderr
+    out: dict[str, Any] = json.loads(results[-1][len("RESULT ") :])
+    return out
+
+
+def test_trim_marks_the_heap_under_always(tmp_path: Path) -> None:
+    fake = fake_sysfs(tmp_path, enabled="[always] madvise never")
+    out = in_fake_sysfs(
+        fake,
+        """
+        kept = workloads.spike()
+        before = heap_nh()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            r = memreclaim.trim()
+        emit(mode=r.thp_mode, marked=r.thp_marked, reason=r.thp_reason, before=before,
+             after=heap_nh(), heap=_core.process_heap_mapping(os.getpid()),
+             stats_mode=memreclaim.stats().thp_mode, warnings=[str(w.message) for w in caught])
+        """,
+    )
+    assert out["mode"] == "always" and out["stats_mode"] == "always"
+    assert out["before"] and not any(out["before"]), "the heap was nh before the trim"
+    assert out["after"] and all(out["after"]), "trim() did not mark the [heap] nh"
+    assert out["marked"] >= out["heap"] and out["reason"] is None and out["warnings"] == []
+
+
+def test_trim_with_marking_off_says_so_under_always(tmp_path: Path) -> None:
+    fake = fake_sysfs(tmp_path, enabled="[always] madvise never")
+    out = in_fake_sysfs(
+        fake,
+        """
+        _core.set_thp_marking(False)
+        kept = workloads.spike()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            r = memreclaim.trim()
+        emit(marked=r.thp_marked, reason=r.thp_reason, after=heap_nh(),
+             warnings=[str(w.message) for w in caught])
+        """,
+    )
+    assert out["marked"] is None and "set_thp_marking(False)" in out["reason"]
+    assert not any(out["after"]) and out["warnings"] == []  # asked for: said, not warned
+
+
+def test_unreadable_mode_is_said_and_warned_once(tmp_path: Path) -> None:
+    fake = fake_sysfs(tmp_path, enabled=None)
+    (fake / "enabled").mkdir()
+    out = in_fake_sysfs(
+        fake,
+        """
+        kept = workloads.spike(20_000)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results = [memreclaim.trim() for _ in range(2)]
+            stats = [memreclaim.stats() for _ in range(2)]
+        emit(trims=[[r.thp_mode, r.thp_marked, r.thp_reason] for r in results],
+             stats=[[s.thp_mode, s.anon_huge_pages] for s in stats], after=heap_nh(),
+             warnings=[[w.category.__name__, str(w.message)] for w in caught])
+        """,
+    )
+    path = "/sys/kernel/mm/transparent_hugepage/enabled"
+    for mode, marked, reason in out["trims"]:
+        assert mode is None and marked is None and path in reason and "Is a directory" in reason
+    assert not any(out["after"])
+    assert [s[0] for s in out["stats"]] == [None, None]
+    assert all(isinstance(s[1], int) for s in out["stats"])  # AnonHugePages is still read
+    # Once for trim(), once for stats(): each says why.
+    assert [w[0] for w in out["warnings"]] == ["RuntimeWarning", "RuntimeWarning"]
+    assert all(path in w[1] for w in out["warnings"]), out["warnings"]
+
+
+def test_no_thp_in_the_kernel_is_none(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = in_fake_sysfs(
+        empty,
+        """
+        r = memreclaim.trim()
+        s = memreclaim.stats()
+        emit(trim=[r.thp_mode, r.thp_marked, r.thp_reason], stats=[s.thp_mode, s.anon_huge_pages],
+             settings=_core.thp_settings())
+        """,
+    )
+    assert out["trim"] == [None, 0, None]  # nothing to mark: no THP
+    assert out["stats"] == [None, None]
+    assert set(out["settings"].values()) == {None}
