@@ -13,6 +13,7 @@ core = Extension(
         "src/memreclaim/_core.c",
         "src/memreclaim/procfs.c",
         "src/memreclaim/alloc.c",
+        "src/memreclaim/thp.c",
     ],
     depends=["src/memreclaim/memreclaim.h"],
     libraries=["dl"],

@@ -60,7 +60,7 @@ def test_trim_result_fields() -> None:
     assert result.seconds >= 0
     assert (result.pools_released, result.pools_bytes) == (0, 0)
     # Fields added later come last, so the old indexes stay.
-    assert len(result) == 13 and tuple(result)[6] == "glibc" and tuple(result)[9] == 0
+    assert len(result) == 16 and tuple(result)[6] == "glibc" and tuple(result)[9] == 0
     assert result.via is None and result.reason is None
     # One part, the process allocator's, measured around the same call as `released`.
     assert result.parts == {"glibc": result.released}
@@ -74,7 +74,7 @@ def test_stats_fields() -> None:
     assert st.peak_rss is not None and st.peak_rss >= st.rss
     assert st.heap is None
     assert st.allocator == "glibc"
-    assert len(st) == 13 and tuple(st)[8] == "glibc"
+    assert len(st) == 15 and tuple(st)[8] == "glibc"
     assert st.via is None and st.reason is None
     assert "pyarrow" not in sys.modules or "pyarrow" in st.libraries
 

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,13 @@ static PyStructSequence_Field trim_result_fields[] = {
     {"parts", "dict: bytes each allocator gave back, measured around its own call: the process "
               "allocator's name, 'pymalloc' with pools=True, and one per library released "
               "(e.g. 'pyarrow'; None where /proc could not be read)"},
+    {"thp_mode", "the transparent-huge-page mode read at this trim: 'always', 'madvise', "
+                 "'never', or None when the kernel has no THP or the mode could not be read"},
+    {"thp_marked", "bytes of the allocators' heap mappings marked MADV_NOHUGEPAGE after the trim "
+                   "(whole mappings, those marked by earlier trims again): 0 unless thp_mode is "
+                   "'always', None when they could not be marked (thp_reason says why)"},
+    {"thp_reason", "why the heap was not marked under THP 'always' (or the mode could not be "
+                   "read), else None"},
     {NULL, NULL},
 };
 
@@ -58,7 +66,7 @@ static PyStructSequence_Desc trim_result_desc = {
     "memreclaim.TrimResult",
     "The outcome of trim(): what was given back to the kernel, measured from RSS.",
     trim_result_fields,
-    13,
+    16,
 };
 
 static PyStructSequence_Field memory_stats_fields[] = {
@@ -77,6 +85,12 @@ static PyStructSequence_Field memory_stats_fields[] = {
     {"libraries",
      "dict: the allocators inside already-imported libraries, by library: whether "
      "memreclaim can release them and what they report (memreclaim.stats() fills it in)"},
+    {"thp_mode", "the transparent-huge-page mode for 2 MiB pages: 'always', 'madvise', 'never', "
+                 "or None when the kernel has no THP (or its mode file could not be read: a "
+                 "RuntimeWarning says why, once)"},
+    {"anon_huge_pages", "anonymous bytes mapped as 2 MiB huge pages (AnonHugePages of "
+                        "/proc/self/smaps_rollup) when stats(heap=True) was asked, else None "
+                        "(also None when the kernel has no THP or no smaps_rollup)"},
     {NULL, NULL},
 };
 
@@ -85,7 +99,7 @@ static PyStructSequence_Desc memory_stats_desc = {
     "A breakdown of this process's memory: RSS from /proc/self/status, tracemalloc's totals, and "
     "optionally the allocator's own figures.",
     memory_stats_fields,
-    13,
+    15,
 };
 
 static PyStructSequence_Field heap_stats_fields[] = {
@@ -288,6 +302,105 @@ static int set_part(PyObject *parts, const char *key, int before_err, const mr_r
     return rc;
 }
 
+/* ---- transparent huge pages ------------------------------------------------------------------ */
+
+/* Process-wide, like the heap it is about: whether trim() marks the heap under THP "always"
+ * (set_thp_marking), and whether trim() and stats() have warned that they could not read or mark
+ * (each says why once). */
+static atomic_int thp_marking = 1;
+static atomic_int thp_warned_trim = 0;
+static atomic_int thp_warned_stats = 0;
+
+typedef struct {
+    mr_thp_mode mode;
+    int mode_err;                 /* reading the mode */
+    char failed[MR_THP_PATH_MAX]; /* the file that could not be read */
+    int attempted;                /* the marking ran */
+    int mark_err;                 /* its errno */
+    mr_thp_marked marked;
+} thp_outcome;
+
+/* One RuntimeWarning per process and flag saying why THP could not be dealt with. -1 if it
+ * raised. */
+static int thp_warn_once(atomic_int *warned, PyObject *reason)
+{
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(warned, &expected, 1)) {
+        return 0;
+    }
+    return PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "%U", reason);
+}
+
+/* After the allocator's trim: read the THP mode (two small sysfs reads) and, under "always",
+ * mark the heap mappings MADV_NOHUGEPAGE, with the GIL released; the time is added to *seconds. */
+static void thp_after_trim(thp_outcome *thp, double *seconds)
+{
+    double started;
+    memset(thp, 0, sizeof(*thp));
+    Py_BEGIN_ALLOW_THREADS
+    started = monotonic_seconds();
+    thp->mode_err = mr_thp_mode_read(&thp->mode, thp->failed, sizeof(thp->failed));
+    if (thp->mode_err == 0 && thp->mode == MR_THP_ALWAYS && atomic_load(&thp_marking)) {
+        thp->attempted = 1;
+        thp->mark_err = mr_thp_mark_heap(&thp->marked);
+    }
+    *seconds += monotonic_seconds() - started;
+    Py_END_ALLOW_THREADS
+}
+
+/* TrimResult's thp_* fields from *thp (first: the index of thp_mode). -1 with an exception. */
+static int set_thp_fields(PyObject *result, Py_ssize_t first, const thp_outcome *thp)
+{
+    PyObject *mode, *marked, *reason = NULL;
+    int64_t bytes = 0;
+    const char *name = thp->mode_err == 0 ? mr_thp_mode_name(thp->mode) : NULL;
+
+    if (thp->mode_err != 0) {
+        bytes = -1;
+        reason = PyUnicode_FromFormat("cannot read %s (%s): the THP mode is unknown, so the heap "
+                                      "was not marked MADV_NOHUGEPAGE",
+                                      thp->failed, strerror(thp->mode_err));
+    } else if (thp->mode == MR_THP_ALWAYS && !thp->attempted) {
+        bytes = -1;
+        reason = PyUnicode_FromString("THP is 'always' but heap marking is turned off "
+                                      "(set_thp_marking(False)): khugepaged may collapse what "
+                                      "the trim gave back");
+    } else if (thp->attempted && thp->mark_err != 0) {
+        bytes = -1;
+        reason = PyUnicode_FromFormat("THP is 'always' but the heap could not be marked "
+                                      "MADV_NOHUGEPAGE (%s, after %lld mappings): khugepaged may "
+                                      "collapse what the trim gave back",
+                                      strerror(thp->mark_err), (long long)thp->marked.ranges);
+    } else if (thp->attempted) {
+        bytes = thp->marked.bytes;
+    }
+    if (bytes < 0 && reason == NULL) {
+        return -1;
+    }
+    /* Turned off on purpose is said in the result, not warned about. */
+    int warn = thp->mode_err != 0 || (thp->attempted && thp->mark_err != 0);
+    if (warn && thp_warn_once(&thp_warned_trim, reason) < 0) {
+        Py_DECREF(reason);
+        return -1;
+    }
+    if ((mode = str_or_none(name)) == NULL) {
+        Py_XDECREF(reason);
+        return -1;
+    }
+    PyStructSequence_SetItem(result, first, mode);
+    if ((marked = int_or_none(bytes)) == NULL) {
+        Py_XDECREF(reason);
+        return -1;
+    }
+    PyStructSequence_SetItem(result, first + 1, marked);
+    if (reason == NULL) {
+        Py_INCREF(Py_None);
+        reason = Py_None;
+    }
+    PyStructSequence_SetItem(result, first + 2, reason);
+    return 0;
+}
+
 /* ---- trim ----------------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(trim_doc,
@@ -310,6 +423,7 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
     const mr_pools_capi *pools = NULL;
     const mr_backend *backend = state->backend;
     mr_pools_result pools_result = {0, 0};
+    thp_outcome thp;
     mr_rss_sample before, mark, after;
     int with_pools, before_err, mark_err, after_err, trim_err;
     double started, seconds;
@@ -379,6 +493,7 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
         PyErr_SetFromErrno(PyExc_OSError);
         goto error;
     }
+    thp_after_trim(&thp, &seconds); /* under THP "always": keep what was given back given back */
     if (backend->kind != MR_ALLOC_UNKNOWN &&
         set_part(parts, backend->name, mark_err, &mark, after_err, &after) < 0) {
         goto error;
@@ -426,6 +541,9 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
         goto error;
     }
     PyStructSequence_SetItem(result, 11, item);
+    if (set_thp_fields(result, 13, &thp) < 0) {
+        goto error;
+    }
     PyStructSequence_SetItem(result, 12, parts); /* the result owns it now */
     return result;
 error:
@@ -570,6 +688,50 @@ static int traced_memory(PyObject **current, PyObject **peak)
     return 0;
 }
 
+/* stats()'s THP mode and AnonHugePages (new references in *mode and *huge), None where the kernel
+ * has no THP or no smaps_rollup, and AnonHugePages None too unless `with_heap` (it walks the page
+ * tables); a file that exists but cannot be read gives None and a RuntimeWarning, once, saying
+ * why. -1 with an exception set. */
+static int thp_stats(PyObject **mode, PyObject **huge, int with_heap)
+{
+    mr_thp_mode thp;
+    mr_rollup rollup;
+    char failed[MR_THP_PATH_MAX];
+    int thp_err, rollup_err = ENOENT;
+    PyObject *why = NULL;
+
+    *mode = *huge = NULL;
+    thp_err = mr_thp_mode_read(&thp, failed, sizeof(failed));
+    if (with_heap && (thp_err != 0 || thp != MR_THP_NONE)) {
+        /* smaps_rollup walks the page tables: ~25 us per MiB resident. */
+        Py_BEGIN_ALLOW_THREADS
+        rollup_err = mr_rollup_read(0, &rollup);
+        Py_END_ALLOW_THREADS
+    }
+    if (thp_err != 0) {
+        why = PyUnicode_FromFormat("cannot read %s (%s): stats().thp_mode is None", failed,
+                                   strerror(thp_err));
+    } else if (rollup_err != 0 && rollup_err != ENOENT) {
+        why = PyUnicode_FromFormat("cannot read /proc/self/smaps_rollup (%s): "
+                                   "stats().anon_huge_pages is None",
+                                   strerror(rollup_err));
+    }
+    if ((thp_err != 0 || (rollup_err != 0 && rollup_err != ENOENT)) &&
+        (why == NULL || thp_warn_once(&thp_warned_stats, why) < 0)) {
+        Py_XDECREF(why);
+        return -1;
+    }
+    Py_XDECREF(why);
+    *mode = str_or_none(thp_err == 0 ? mr_thp_mode_name(thp) : NULL);
+    *huge = int_or_none(rollup_err == 0 ? rollup.anon_huge_pages : -1);
+    if (*mode == NULL || *huge == NULL) {
+        Py_CLEAR(*mode);
+        Py_CLEAR(*huge);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(stats_doc,
              "stats(*, heap=False, libraries=None) -> MemoryStats\n\n"
              "RSS broken down from /proc/self/status, tracemalloc's traced totals (None when\n"
@@ -577,8 +739,10 @@ PyDoc_STRVAR(stats_doc,
              "why memreclaim cannot act on it, if so), and `libraries`: the figures of allocators\n"
              "inside already-imported libraries, a dict the Python layer passes in (a new empty\n"
              "dict when None; the C core names no Python package). heap=True adds the allocator's\n"
-             "own figures (see heap_stats(); on glibc that walks the heap). Raises OSError when\n"
-             "/proc/self/status cannot be read.");
+             "own figures (see heap_stats(); on glibc that walks the heap) and AnonHugePages\n"
+             "(read from /proc/self/smaps_rollup, which walks the page tables, about 25 us per\n"
+             "MiB resident, with the GIL released). thp_mode says how transparent huge pages\n"
+             "stand. Raises OSError when /proc/self/status cannot be read.");
 
 static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
 {
@@ -586,6 +750,7 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
     core_state *state = get_state(module);
     PyObject *heap_arg = NULL, *heap = NULL, *current = NULL, *peak = NULL, *result = NULL;
     PyObject *via = NULL, *reason = NULL, *libraries = NULL, *libraries_arg = NULL;
+    PyObject *thp_mode = NULL, *huge = NULL;
     mr_status status;
     int with_heap, err;
 
@@ -616,7 +781,8 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
         (reason = str_or_none(mr_backend_reason())) == NULL ||
         (libraries = (libraries_arg == NULL || libraries_arg == Py_None)
                          ? PyDict_New()
-                         : Py_NewRef(libraries_arg)) == NULL) {
+                         : Py_NewRef(libraries_arg)) == NULL ||
+        thp_stats(&thp_mode, &huge, with_heap) < 0) {
         goto error;
     }
     result = PyStructSequence_New(state->memory_stats_type);
@@ -632,6 +798,8 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
     PyStructSequence_SetItem(result, 10, via);
     PyStructSequence_SetItem(result, 11, reason);
     PyStructSequence_SetItem(result, 12, libraries);
+    PyStructSequence_SetItem(result, 13, thp_mode);
+    PyStructSequence_SetItem(result, 14, huge);
     int64_t figures[6] = {status.rss,       status.rss_anon, status.rss_file,
                           status.rss_shmem, status.peak_rss, status.swap};
     if (set_ints(result, 0, figures, 6) < 0) {
@@ -646,6 +814,8 @@ error:
     Py_XDECREF(via);
     Py_XDECREF(reason);
     Py_XDECREF(libraries);
+    Py_XDECREF(thp_mode);
+    Py_XDECREF(huge);
     return NULL;
 }
 
@@ -1154,6 +1324,181 @@ static PyObject *core_collect_thread(PyObject *module, PyObject *args, PyObject 
     return result;
 }
 
+/* ---- transparent huge pages: settings, heap marking ------------------------------------------ */
+
+static int set_item_str(PyObject *dict, const char *key, const char *value)
+{
+    PyObject *item = str_or_none(value != NULL && value[0] != '\0' ? value : NULL);
+    int rc;
+    if (item == NULL) {
+        return -1;
+    }
+    rc = PyDict_SetItemString(dict, key, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+/* The settings under dir (NULL: the system's) as a dict; OSError naming the file. */
+static PyObject *thp_settings_dict(const char *dir)
+{
+    mr_thp_settings settings;
+    char failed[MR_THP_PATH_MAX];
+    PyObject *result;
+    int err;
+
+    Py_BEGIN_ALLOW_THREADS
+    err = mr_thp_settings_read(dir, &settings, failed, sizeof(failed));
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        errno = err;
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, failed);
+    }
+    result = PyDict_New();
+    if (result == NULL ||
+        set_item_str(result, "mode", mr_thp_mode_name(mr_thp_settings_mode(&settings))) < 0 ||
+        set_item_str(result, "enabled", settings.enabled) < 0 ||
+        set_item_str(result, "pmd_enabled", settings.pmd_enabled) < 0 ||
+        set_item_str(result, "defrag", settings.defrag) < 0 ||
+        set_item_int(result, "pmd_size", settings.pmd_size) < 0 ||
+        set_item_int(result, "max_ptes_none", settings.max_ptes_none) < 0 ||
+        set_item_int(result, "scan_sleep_millisecs", settings.scan_sleep_millisecs) < 0) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+PyDoc_STRVAR(thp_settings_doc,
+             "thp_settings() -> dict\n\n"
+             "The transparent-huge-page settings under /sys/kernel/mm/transparent_hugepage:\n"
+             "'enabled' and 'defrag' (the bracketed words), 'pmd_enabled' (the word of\n"
+             "hugepages-2048kB/enabled on kernels with per-size settings, 6.8+), 'mode' (the one\n"
+             "governing 2 MiB pages: pmd_enabled unless it is 'inherit', else enabled),\n"
+             "'pmd_size' (bytes), and khugepaged's 'max_ptes_none' and 'scan_sleep_millisecs'.\n"
+             "None where the kernel has no such file (all of them without THP). Raises OSError\n"
+             "naming the file when one exists but cannot be read or is not what it should be.");
+
+static PyObject *core_thp_settings(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    return thp_settings_dict(NULL);
+}
+
+PyDoc_STRVAR(thp_settings_at_doc, "_thp_settings_at(directory, /) -> dict\n\n"
+                                  "thp_settings() read from another directory laid out like\n"
+                                  "/sys/kernel/mm/transparent_hugepage (for the tests).");
+
+static PyObject *core_thp_settings_at(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    PyObject *path = NULL, *result;
+    if (!PyUnicode_FSConverter(arg, &path)) {
+        return NULL;
+    }
+    result = thp_settings_dict(PyBytes_AS_STRING(path));
+    Py_DECREF(path);
+    return result;
+}
+
+/* _thp_heap_ranges's callback: append (start, end) to the list ctx; ENOMEM with an exception. */
+static int append_range(void *ctx, uint64_t start, uint64_t end)
+{
+    PyObject *pair = Py_BuildValue("(KK)", (unsigned long long)start, (unsigned long long)end);
+    int rc = pair == NULL ? -1 : PyList_Append((PyObject *)ctx, pair);
+    Py_XDECREF(pair);
+    return rc < 0 ? ENOMEM : 0;
+}
+
+PyDoc_STRVAR(thp_heap_ranges_doc,
+             "_thp_heap_ranges(maps_path, pmd_size, /) -> list[tuple[int, int]]\n\n"
+             "The [start, end) ranges that trim() would mark MADV_NOHUGEPAGE under THP 'always',\n"
+             "chosen from a file laid out like /proc/self/maps (for the tests); marks nothing.");
+
+static PyObject *core_thp_heap_ranges(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                      Py_ssize_t nargs)
+{
+    PyObject *path = NULL, *ranges;
+    long long pmd_size;
+    int err;
+
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "_thp_heap_ranges() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (parse_bounded_int(args[1], "pmd_size", 4096, (long long)1 << 40, &pmd_size) < 0) {
+        return NULL;
+    }
+    if ((pmd_size & (pmd_size - 1)) != 0) {
+        PyErr_Format(PyExc_ValueError, "pmd_size must be a power of two, got %lld", pmd_size);
+        return NULL;
+    }
+    if (!PyUnicode_FSConverter(args[0], &path)) {
+        return NULL;
+    }
+    ranges = PyList_New(0);
+    if (ranges == NULL) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    /* GIL kept: the callback builds Python objects (a test entry point, not a hot path). */
+    err = mr_thp_heap_ranges(PyBytes_AS_STRING(path), (uint64_t)pmd_size, append_range, ranges);
+    if (err != 0) {
+        Py_DECREF(ranges);
+        if (!PyErr_Occurred()) {
+            errno = err;
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, args[0]);
+        }
+        Py_DECREF(path);
+        return NULL;
+    }
+    Py_DECREF(path);
+    return ranges;
+}
+
+PyDoc_STRVAR(thp_mark_heap_doc,
+             "_thp_mark_heap() -> dict\n\n"
+             "Mark the allocators' heap mappings MADV_NOHUGEPAGE now, whatever the THP mode\n"
+             "(what trim() does after the allocator's trim under THP 'always'; for the tests):\n"
+             "'ranges' and 'bytes' marked, 'skipped' (unmapped meanwhile). OSError on failure.");
+
+static PyObject *core_thp_mark_heap(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    mr_thp_marked marked = {0, 0, 0};
+    PyObject *result;
+    int err;
+
+    Py_BEGIN_ALLOW_THREADS
+    err = mr_thp_mark_heap(&marked);
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    result = PyDict_New();
+    if (result == NULL || set_item_int(result, "ranges", marked.ranges) < 0 ||
+        set_item_int(result, "bytes", marked.bytes) < 0 ||
+        set_item_int(result, "skipped", marked.skipped) < 0) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+PyDoc_STRVAR(set_thp_marking_doc,
+             "set_thp_marking(enabled, /) -> bool\n\n"
+             "Whether trim() marks the allocators' heap mappings MADV_NOHUGEPAGE when THP is\n"
+             "'always' (the default: True), for the whole process; returns the previous setting.\n"
+             "Off, khugepaged may collapse what a trim gave back into huge pages again, and\n"
+             "TrimResult.thp_reason says so. TypeError unless enabled is a bool.");
+
+static PyObject *core_set_thp_marking(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    if (!PyBool_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "enabled must be True or False, not %R",
+                     (PyObject *)Py_TYPE(arg));
+        return NULL;
+    }
+    return PyBool_FromLong(atomic_exchange(&thp_marking, arg == Py_True));
+}
+
 /* ---- module --------------------------------------------------------------------------------- */
 
 static PyMethodDef core_methods[] = {
@@ -1175,6 +1520,12 @@ static PyMethodDef core_methods[] = {
     {"set_purge_delay", core_set_purge_delay, METH_O, set_purge_delay_doc},
     {"collect_thread", (PyCFunction)(void (*)(void))core_collect_thread,
      METH_VARARGS | METH_KEYWORDS, collect_thread_doc},
+    {"thp_settings", core_thp_settings, METH_NOARGS, thp_settings_doc},
+    {"set_thp_marking", core_set_thp_marking, METH_O, set_thp_marking_doc},
+    {"_thp_settings_at", core_thp_settings_at, METH_O, thp_settings_at_doc},
+    {"_thp_heap_ranges", (PyCFunction)(void (*)(void))core_thp_heap_ranges, METH_FASTCALL,
+     thp_heap_ranges_doc},
+    {"_thp_mark_heap", core_thp_mark_heap, METH_NOARGS, thp_mark_heap_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,7 +3,9 @@
  * Layers (see docs/architecture.md):
  *   _core.c   module glue: method table, module state, result types, argument checks
  *   procfs.c  RSS readers: /proc/self/statm through a kept descriptor (fork-aware), and
- *             /proc/PID/status, smaps_rollup and the [heap] line of maps (pid 0: self)
+ *             /proc/PID/status, smaps_rollup and the [heap] line of maps (pid 0: self); the
+ *             transparent-huge-page settings under /sys/kernel/mm/transparent_hugepage
+ *   thp.c     marks the allocators' heap mappings MADV_NOHUGEPAGE after a trim (THP=always)
  *   alloc.c   allocator detection and one backend per allocator behind a table of function
  *             pointers
  *
@@ -93,6 +95,64 @@ int mr_status_read(int pid, mr_status *out);
 int mr_rollup_read(int pid, mr_rollup *out);
 /* *out: the size of the [heap] (brk) mapping in bytes, -1 when the process has none. */
 int mr_heap_mapping_read(int pid, int64_t *out);
+
+/* Transparent huge pages (procfs.c reads the settings, thp.c marks the heap). */
+#define MR_THP_SYSFS "/sys/kernel/mm/transparent_hugepage"
+/* Room for the path of a THP file that could not be read (a directory of up to 511 bytes). */
+#define MR_THP_PATH_MAX 600
+
+typedef enum {
+    MR_THP_NONE = 0, /* the kernel has no THP (no transparent_hugepage/enabled) */
+    MR_THP_NEVER,
+    MR_THP_MADVISE,
+    MR_THP_ALWAYS,
+    MR_THP_OTHER, /* a word this build does not know */
+} mr_thp_mode;
+
+/* The THP settings; "" / -1 where the kernel has no such file. */
+typedef struct {
+    char enabled[16];             /* the bracketed word of enabled: always, madvise, never */
+    char defrag[24];              /* of defrag: always, defer, defer+madvise, madvise, never */
+    char pmd_enabled[16];         /* of hugepages-<PMD>kB/enabled (6.8+): ... or inherit */
+    int64_t pmd_size;             /* hpage_pmd_size, bytes */
+    int64_t max_ptes_none;        /* khugepaged/max_ptes_none */
+    int64_t scan_sleep_millisecs; /* khugepaged/scan_sleep_millisecs */
+} mr_thp_settings;
+
+/* Read the settings under dir (NULL: MR_THP_SYSFS; tests pass a directory of their own). A missing
+ * file leaves its field ""/-1; any other failure returns its errno (EIO: not the format we know)
+ * with the file's path in failed. */
+int mr_thp_settings_read(const char *dir, mr_thp_settings *out, char *failed, size_t failed_size);
+/* The mode that governs PMD-size (2 MiB) huge pages: hugepages-<PMD>kB/enabled unless it is
+ * "inherit" or absent, else enabled; MR_THP_NONE when enabled is absent. */
+mr_thp_mode mr_thp_settings_mode(const mr_thp_settings *settings);
+/* The same mode read from MR_THP_SYSFS: two small sysfs reads (the per-size file's name is found
+ * once per process). 0 or an errno with the file's path in failed. */
+int mr_thp_mode_read(mr_thp_mode *mode, char *failed, size_t failed_size);
+/* hpage_pmd_size under MR_THP_SYSFS (read once per process: fixed at boot), -1 if unknown. */
+int64_t mr_thp_pmd_size(void);
+/* "always", "madvise", "never", "other"; NULL for MR_THP_NONE. */
+const char *mr_thp_mode_name(mr_thp_mode mode);
+
+/* Called with each heap range [start, end) chosen; returns 0 to go on or an errno to stop. */
+typedef int (*mr_range_fn)(void *ctx, uint64_t start, uint64_t end);
+/* Walk maps_path (NULL: /proc/self/maps) and call fn on each range of the allocators' heaps:
+ * anonymous private read-write mappings (unnamed, [heap], glibc's "[anon: glibc: malloc...]")
+ * that hold a whole aligned huge page of pmd_size bytes, leaving out stacks ([stack], a mapping
+ * right above a small PROT_NONE guard unless it starts on a glibc heap boundary, and the one
+ * holding the caller's own stack). Pure C, no allocation. Returns 0, an errno of the read, EIO
+ * for a line we do not understand, or fn's errno. */
+int mr_thp_heap_ranges(const char *maps_path, uint64_t pmd_size, mr_range_fn fn, void *ctx);
+
+typedef struct {
+    int64_t ranges;  /* ranges marked */
+    int64_t bytes;   /* bytes in them */
+    int64_t skipped; /* ranges unmapped meanwhile by another thread (madvise ENOMEM) */
+} mr_thp_marked;
+
+/* madvise(MADV_NOHUGEPAGE) every range mr_thp_heap_ranges chooses in /proc/self/maps. Pure C:
+ * call with the GIL released. Returns 0 or an errno (out says what was marked before it). */
+int mr_thp_mark_heap(mr_thp_marked *out);
 
 /* ---- alloc.c -------------------------------------------------------------------------------- */
 

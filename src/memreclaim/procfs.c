@@ -457,3 +457,227 @@ int mr_heap_mapping_read(int pid, int64_t *out)
     (void)close(fd);
     return err;
 }
+
+/* ---- transparent huge pages: /sys/kernel/mm/transparent_hugepage ----------------------------- */
+
+/* Read a small sysfs file (path = dir + "/" + name) into buf, NUL-terminated, trailing newline
+ * dropped. Returns 0, ENOENT when the file does not exist, or another errno. */
+static int sysfs_read_small(const char *dir, const char *name, char *buf, size_t size)
+{
+    char path[512];
+    size_t used = 0;
+    int fd, err = 0;
+
+    if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) >= sizeof(path)) {
+        return ENAMETOOLONG;
+    }
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return errno;
+    }
+    while (used < size - 1) {
+        ssize_t n = read(fd, buf + used, size - 1 - used);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            err = errno;
+            break;
+        }
+        if (n == 0) {
+            break;
+        }
+        used += (size_t)n;
+    }
+    (void)close(fd);
+    while (used > 0 && (buf[used - 1] == '\n' || buf[used - 1] == ' ')) {
+        used--;
+    }
+    buf[used] = '\0';
+    return err;
+}
+
+/* The bracketed word of "always [madvise] never" into word (size bytes). 0, or EIO when there is
+ * no bracketed word or it does not fit. */
+static int bracketed_word(const char *text, char *word, size_t size)
+{
+    const char *open_bracket = strchr(text, '[');
+    const char *close_bracket = open_bracket == NULL ? NULL : strchr(open_bracket, ']');
+    size_t len;
+    if (close_bracket == NULL) {
+        return EIO;
+    }
+    len = (size_t)(close_bracket - open_bracket - 1);
+    if (len == 0 || len >= size) {
+        return EIO;
+    }
+    memcpy(word, open_bracket + 1, len);
+    word[len] = '\0';
+    return 0;
+}
+
+/* A bracketed-word file: 0 with *word set, 0 with word "" when the file is missing, or an errno
+ * (the file's name copied to failed). */
+static int thp_word(const char *dir, const char *name, char *word, size_t size, char *failed,
+                    size_t failed_size)
+{
+    char buf[128];
+    int err = sysfs_read_small(dir, name, buf, sizeof(buf));
+    word[0] = '\0';
+    if (err == ENOENT) {
+        return 0;
+    }
+    if (err == 0) {
+        err = bracketed_word(buf, word, size);
+    }
+    if (err != 0) {
+        (void)snprintf(failed, failed_size, "%s/%s", dir, name);
+    }
+    return err;
+}
+
+/* A decimal file: 0 with *value set, 0 with -1 when the file is missing, or an errno. */
+static int thp_number(const char *dir, const char *name, int64_t *value, char *failed,
+                      size_t failed_size)
+{
+    char buf[64];
+    uint64_t number;
+    const char *p = buf;
+    int err = sysfs_read_small(dir, name, buf, sizeof(buf));
+    *value = -1;
+    if (err == ENOENT) {
+        return 0;
+    }
+    if (err == 0) {
+        err = parse_u64(&p, buf + strlen(buf), &number) == 0 && *p == '\0' && number <= INT64_MAX
+                  ? 0
+                  : EIO;
+    }
+    if (err != 0) {
+        (void)snprintf(failed, failed_size, "%s/%s", dir, name);
+        return err;
+    }
+    *value = (int64_t)number;
+    return 0;
+}
+
+/* The per-size directory of the PMD size ("hugepages-2048kB"), from hpage_pmd_size; "" when the
+ * kernel has no per-size controls (before 6.8) or no hpage_pmd_size. */
+static int pmd_enabled_name(const char *dir, int64_t *pmd_size, char *name, size_t size,
+                            char *failed, size_t failed_size)
+{
+    int err = thp_number(dir, "hpage_pmd_size", pmd_size, failed, failed_size);
+    name[0] = '\0';
+    if (err == 0 && *pmd_size > 0) {
+        (void)snprintf(name, size, "hugepages-%lldkB/enabled", (long long)(*pmd_size / 1024));
+    }
+    return err;
+}
+
+int mr_thp_settings_read(const char *dir, mr_thp_settings *out, char *failed, size_t failed_size)
+{
+    char pmd_name[64];
+    int err;
+
+    if (dir == NULL) {
+        dir = MR_THP_SYSFS;
+    }
+    failed[0] = '\0';
+    out->enabled[0] = out->defrag[0] = out->pmd_enabled[0] = '\0';
+    out->pmd_size = out->max_ptes_none = out->scan_sleep_millisecs = -1;
+    if ((err = thp_word(dir, "enabled", out->enabled, sizeof(out->enabled), failed, failed_size)) !=
+            0 ||
+        (err = thp_word(dir, "defrag", out->defrag, sizeof(out->defrag), failed, failed_size)) !=
+            0 ||
+        (err = thp_number(dir, "khugepaged/max_ptes_none", &out->max_ptes_none, failed,
+                          failed_size)) != 0 ||
+        (err = thp_number(dir, "khugepaged/scan_sleep_millisecs", &out->scan_sleep_millisecs,
+                          failed, failed_size)) != 0 ||
+        (err = pmd_enabled_name(dir, &out->pmd_size, pmd_name, sizeof(pmd_name), failed,
+                                failed_size)) != 0) {
+        return err;
+    }
+    if (pmd_name[0] != '\0') {
+        err = thp_word(dir, pmd_name, out->pmd_enabled, sizeof(out->pmd_enabled), failed,
+                       failed_size);
+    }
+    return err;
+}
+
+/* The mode governing PMD-size pages: the per-size word unless it is "inherit" (or absent). */
+static mr_thp_mode mode_of(const char *enabled, const char *pmd_enabled)
+{
+    const char *word =
+        pmd_enabled[0] != '\0' && strcmp(pmd_enabled, "inherit") != 0 ? pmd_enabled : enabled;
+    if (enabled[0] == '\0') {
+        return MR_THP_NONE; /* no transparent_hugepage/enabled: the kernel has no THP */
+    }
+    if (strcmp(word, "always") == 0) {
+        return MR_THP_ALWAYS;
+    }
+    if (strcmp(word, "madvise") == 0) {
+        return MR_THP_MADVISE;
+    }
+    return strcmp(word, "never") == 0 ? MR_THP_NEVER : MR_THP_OTHER;
+}
+
+mr_thp_mode mr_thp_settings_mode(const mr_thp_settings *settings)
+{
+    return mode_of(settings->enabled, settings->pmd_enabled);
+}
+
+/* hugepages-<PMD>kB/enabled under the default directory, found once: hpage_pmd_size is fixed at
+ * boot. "" when the kernel has none (or it could not be read: then only `enabled` counts, which is
+ * what the per-size file's default, "inherit", means). */
+static char pmd_enabled_path[64];
+static int64_t pmd_size_bytes = -1;
+static pthread_once_t pmd_once = PTHREAD_ONCE_INIT;
+
+static void pmd_init_once(void)
+{
+    char failed[MR_THP_PATH_MAX];
+    (void)pmd_enabled_name(MR_THP_SYSFS, &pmd_size_bytes, pmd_enabled_path,
+                           sizeof(pmd_enabled_path), failed, sizeof(failed));
+}
+
+int64_t mr_thp_pmd_size(void)
+{
+    (void)pthread_once(&pmd_once, pmd_init_once);
+    return pmd_size_bytes;
+}
+
+int mr_thp_mode_read(mr_thp_mode *mode, char *failed, size_t failed_size)
+{
+    char enabled[16], pmd_enabled[16] = "";
+    int err;
+
+    (void)pthread_once(&pmd_once, pmd_init_once);
+    failed[0] = '\0';
+    *mode = MR_THP_NONE;
+    err = thp_word(MR_THP_SYSFS, "enabled", enabled, sizeof(enabled), failed, failed_size);
+    if (err == 0 && enabled[0] != '\0' && pmd_enabled_path[0] != '\0') {
+        err = thp_word(MR_THP_SYSFS, pmd_enabled_path, pmd_enabled, sizeof(pmd_enabled), failed,
+                       failed_size);
+    }
+    if (err == 0) {
+        *mode = mode_of(enabled, pmd_enabled);
+    }
+    return err;
+}
+
+const char *mr_thp_mode_name(mr_thp_mode mode)
+{
+    switch (mode) {
+    case MR_THP_ALWAYS:
+        return "always";
+    case MR_THP_MADVISE:
+        return "madvise";
+    case MR_THP_NEVER:
+        return "never";
+    case MR_THP_OTHER:
+        return "other";
+    case MR_THP_NONE:
+        break;
+    }
+    return NULL;
+}
