@@ -104,7 +104,10 @@ MODES = ("watchdog-main", "watchdog-thread", "trimmer-main", "trimmer-thread")
 def run(lib: str, mode: str, marks: str) -> dict[str, object]:
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, lib, mode, marks],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -152,9 +155,10 @@ def main() -> None:
             at5 = next(s for s in samples if s["at"] == 5)
             ok = at5["rss"] <= max(1.15 * level, level + 16 * MiB)
             values = " | ".join(mib(s["rss"]) for s in samples)
+            parts = parts_text(cell.get("last_parts"))
             lines.append(
                 f"| {lib} | {mode} | {mib(cell['spike'])} | {values} | {mib(level)} "
-                f"| {at5['trims']} | {'yes' if ok else 'NO'} | {parts_text(cell.get('last_parts'))} |"
+                f"| {at5['trims']} | {'yes' if ok else 'NO'} | {parts} |"
             )
             print(lines[-1], flush=True)
     load_end = os.getloadavg()[0]

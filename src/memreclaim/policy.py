@@ -467,8 +467,8 @@ class PacingPolicy:
         """Whether the caller should pass the allocator's figures (``free=``, ``in_use=``,
         ``vsize=``) to this tick.
 
-        True while the level is more than ``slack`` over the floor, or the pinned excess is more
-        than ``slack`` (memory pinned at the last trim may be freed later, which RSS cannot show),
+        True while the level is more than ``slack`` over the floor (half of it once a trim has
+        recorded ``mapped``), or the pinned excess is more than ``slack`` (memory pinned at the last trim may be freed later, which RSS cannot show),
         at most once per ``min_interval`` (or per second), and every
         :data:`NEAR_LIMIT_FREE_READ` seconds near the limit. With ``rss`` (this tick's reading),
         also at every tick whose growth could be memory that came back by itself after the last
@@ -482,7 +482,10 @@ class PacingPolicy:
             and self._regrowth_candidate(rss, level)
         ):
             return True
-        if level - floor <= self.slack and (self._excess or 0) <= self.slack:
+        # Half a slack over the floor with figures known: memory a library pool keeps after the
+        # trim shows only in them (see decide's ``mapped``).
+        over = self.slack // 2 if self._unexplained is not None else self.slack
+        if level - floor <= over and (self._excess or 0) <= self.slack:
             return False
         last = self._last_free_read
         every = min(self._min_interval, 1.0)
@@ -537,6 +540,7 @@ class PacingPolicy:
         settled: bool = False,
         in_use: int | None = None,
         vsize: int | None = None,
+        mapped: int | None = None,
     ) -> Decision:
         """Take one reading and say whether to trim now.
 
@@ -556,6 +560,12 @@ class PacingPolicy:
                 (transparent huge pages ``enabled=always``: the runners pass it only then):
                 growth that neither it nor ``in_use`` explains is regrowth, not a trigger.
                 Without it no growth is taken for regrowth.
+            mapped: the bytes the allocators map plus what library pools report in use (as
+                for :meth:`record_trim`), read with ``in_use``. Resident memory that none of
+                them accounts for and that grew by more than half of ``slack`` since the last
+                trim, to more than ``slack``, is a trigger: a library pool freed what it held
+                after the trim (a trim in the middle of a worker's burst learnt its level).
+                Not used with ``vsize`` (under THP ``always`` such growth is regrowth).
 
         Returns ``"trim"`` (:attr:`reason` says why), ``"below-slack"``, ``"rising"`` (RSS
         still rising with work in flight: wait for the burst to end), ``"min-interval"``,
@@ -564,7 +574,7 @@ class PacingPolicy:
         floor, level = self._require_reset()
         if in_flight is not None:
             _validate.integer("in_flight", in_flight)
-        for name, value in (("in_use", in_use), ("vsize", vsize)):
+        for name, value in (("in_use", in_use), ("vsize", vsize), ("mapped", mapped)):
             if value is not None:
                 _validate.integer(name, value)
         self._retesting = False
@@ -614,6 +624,8 @@ class PacingPolicy:
             if level >= limit_mark:
                 self._warn_limit(level, limit_mark)
         reason = self._trigger(rss, traced, free, in_use, slack)
+        if reason is None and vsize is None:
+            reason = self._unaccounted(rss, mapped, slack)
         retest = False
         if reason is None and self._retest_due is not None and now >= self._retest_due:
             reason = f"re-test of the {self._provisional} level {format_bytes(level)}"
@@ -691,6 +703,19 @@ class PacingPolicy:
             return (
                 f"in use fell {format_bytes(self._in_use_after - in_use)} since the last trim:"
                 f" up to {format_bytes(unpinned)} returnable"
+            )
+        return None
+
+    def _unaccounted(self, rss: int, mapped: int | None, slack: int) -> str | None:
+        """The trigger for resident memory no allocator accounts for, grown since the trim."""
+        if mapped is None or self._baseline is None or self._unexplained is None:
+            return None
+        unexplained = rss - mapped - self._baseline
+        grown = unexplained - self._unexplained
+        if unexplained > slack and 2 * grown > slack:
+            return (
+                f"{format_bytes(unexplained)} resident that no allocator accounts for"
+                f" ({format_bytes(grown)} more than after the last trim)"
             )
         return None
 

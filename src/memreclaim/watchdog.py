@@ -150,6 +150,13 @@ def _in_use(heap: HeapStats | None) -> int | None:
     return heap.in_use + _libraries.in_use()
 
 
+def _mapped(heap: HeapStats | None) -> int | None:
+    """Bytes the allocator maps plus what library pools report in use, or None."""
+    if heap is None or heap.mapped is None:
+        return None
+    return heap.mapped + _libraries.in_use()
+
+
 def _fix_thread_thresholds(reason: str) -> bool:
     """Fix glibc's trim threshold once per process (threaded servers); log it once."""
     global _thresholds_set
@@ -376,6 +383,7 @@ class _Runner:
                 settled=settled,
                 in_use=_in_use(heap),
                 vsize=vsize,
+                mapped=_mapped(heap),
             )
             growth = self._policy.growth(current, traced)
             skipped = {
@@ -412,9 +420,7 @@ class _Runner:
         released = result.released or 0
         rss_after = result.rss_after if result.rss_after is not None else rss()
         heap = _heap()
-        mapped = None
-        if heap is not None and heap.mapped is not None:
-            mapped = heap.mapped + _libraries.in_use()
+        mapped = _mapped(heap)
         # A part it could not measure or act on: the trim may have missed memory there.
         unreached = result.reason is not None or None in result.parts.values()
         with self._lock:

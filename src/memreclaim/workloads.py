@@ -166,7 +166,9 @@ def _pandas_spike(scale: float, keep: int) -> list[object]:
     grouped = frame.groupby("key").agg({"x": "sum", "text": "first"})
     merged = frame.merge(grouped, left_on="key", right_index=True)
     # Survivors are plain records: a slice of an Arrow-backed column would keep its buffers.
-    return [merged.iloc[i : i + 1].to_dict("records") for i in range(0, min(len(merged), 20_000), keep)]
+    return [
+        merged.iloc[i : i + 1].to_dict("records") for i in range(0, min(len(merged), 20_000), keep)
+    ]
 
 
 def _pyarrow_spike(scale: float, keep: int) -> list[object]:
@@ -215,7 +217,9 @@ def _json_spike(scale: float, keep: int) -> list[object]:
 
     kept: list[object] = []
     for i in range(int(40 * scale)):
-        records = [{"id": j, "name": f"user-{j}" * 8, "tags": ["a", "b", str(j)]} for j in range(8000)]
+        records = [
+            {"id": j, "name": f"user-{j}" * 8, "tags": ["a", "b", str(j)]} for j in range(8000)
+        ]
         decoded = json.loads(json.dumps(records))
         if i % keep == 0:
             kept.append(decoded[:50])
