@@ -152,7 +152,7 @@ def _numpy_spike(scale: float, keep: int) -> list[object]:
 
 def _pandas_spike(scale: float, keep: int) -> list[object]:
     import numpy as np
-    import pandas as pd
+    import pandas as pd  # type: ignore[import-untyped]
 
     n = int(400_000 * scale)
     rng = np.random.default_rng(7)
@@ -172,8 +172,8 @@ def _pandas_spike(scale: float, keep: int) -> list[object]:
 
 
 def _pyarrow_spike(scale: float, keep: int) -> list[object]:
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
 
     kept: list[object] = []
     for i in range(int(60 * scale)):
