@@ -214,3 +214,25 @@ def test_handover_keeps_the_worker_usable(run_python: Any) -> None:
     assert out["intact"], out
     expected = "mi_collect(true); mi_thread_done()" if _major(lib) < 3 else "mi_collect(true)"
     assert out["methods"] == [expected] * 5, out
+
+
+def test_runner_thresholds_set_mimalloc_2_purge_delay(run_python: Any) -> None:
+    """thresholds=True under mimalloc 2: the runner sets the purge delay to 0 at start (a live
+    thread's freed pages would wait for that thread), logged once; mimalloc 3 is left as is."""
+    lib = allocator_lib("mimalloc")
+    out = run_python(
+        """
+import logging, memreclaim
+logging.basicConfig(level=logging.INFO)
+before = memreclaim.set_purge_delay(25); memreclaim.set_purge_delay(before)
+with memreclaim.BackgroundTrimmer(thresholds=True):
+    pass
+now = memreclaim.set_purge_delay(before)
+emit(version=memreclaim.allocator_version(), before=before, now=now)
+""",
+        env={"LD_PRELOAD": str(lib)},
+    )
+    if out["version"].startswith("2."):
+        assert out["now"] == 0, out
+    else:
+        assert out["now"] == out["before"], out
