@@ -28,7 +28,9 @@ from ._core import (
     pin_mmap_threshold,
     rss,
     set_purge_delay,
+    set_thp_marking,
     set_trim_threshold,
+    thp_settings,
 )
 from ._version import __version__
 
@@ -137,9 +139,11 @@ __all__ = [
     "rss",
     "set_arena_max",
     "set_purge_delay",
+    "set_thp_marking",
     "set_trim_threshold",
     "snapshot",
     "stats",
+    "thp_settings",
     "trim",
     "trim_async",
 ]
