@@ -999,7 +999,7 @@ def test_a_trim_that_could_not_act_on_a_part_leaves_a_provisional_level(
         calls.append(1)
         now = memreclaim.rss()
         fields = (0, now, now, None, None, 0.001, "glibc", "malloc_trim(0)", 0, 0, None, None)
-        return TrimResult((*fields, {"glibc": 0, "pyarrow": None}))
+        return TrimResult((*fields, {"glibc": 0, "pyarrow": None}, "madvise", 0, None))
 
     monkeypatch.setattr(memreclaim, "trim", fake_trim)
     policy = PacingPolicy(slack="4 MiB", min_interval=0.001, retest=0.05, retest_max=0.05)
@@ -1087,7 +1087,7 @@ def trim_that_khugepaged_undoes(*, pools=False):
     region.madvise(mmap.MADV_DONTNEED)
     after = memreclaim.rss()
     fields = (before - after, before, after, None, None, result.seconds, result.allocator,
-              result.method, 0, 0, None, None, {"glibc": before - after})
+              result.method, 0, 0, None, None, {"glibc": before - after}, "always", 0, None)
     return TrimResult(fields)
 
 memreclaim.trim = trim_that_khugepaged_undoes
