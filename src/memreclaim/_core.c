@@ -428,8 +428,7 @@ static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
     int with_pools, before_err, mark_err, after_err, trim_err;
     double started, seconds;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OO:trim", keywords, &pools_arg,
-                                     &libraries) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OO:trim", keywords, &pools_arg, &libraries) ||
         parse_flag(pools_arg, "pools", &with_pools) < 0 ||
         (libraries != NULL && check_libraries(libraries) < 0)) {
         return NULL;
