@@ -731,17 +731,18 @@ static int thp_stats(PyObject **mode, PyObject **huge, int with_heap)
     return 0;
 }
 
-PyDoc_STRVAR(stats_doc,
-             "stats(*, heap=False, libraries=None) -> MemoryStats\n\n"
-             "RSS broken down from /proc/self/status, tracemalloc's traced totals (None when\n"
-             "not tracing), the allocator's name (with the wrapper it is reached through, and\n"
-             "why memreclaim cannot act on it, if so), and `libraries`: the figures of allocators\n"
-             "inside already-imported libraries, a dict the Python layer passes in (a new empty\n"
-             "dict when None; the C core names no Python package). heap=True adds the allocator's\n"
-             "own figures (see heap_stats(); on glibc that walks the heap) and AnonHugePages\n"
-             "(read from /proc/self/smaps_rollup, which walks the page tables, about 25 us per\n"
-             "MiB resident, with the GIL released). thp_mode says how transparent huge pages\n"
-             "stand. Raises OSError when /proc/self/status cannot be read.");
+PyDoc_STRVAR(
+    stats_doc,
+    "stats(*, heap=False, libraries=None) -> MemoryStats\n\n"
+    "RSS broken down from /proc/self/status, tracemalloc's traced totals (None when\n"
+    "not tracing), the allocator's name (with the wrapper it is reached through, and\n"
+    "why memreclaim cannot act on it, if so), and `libraries`: the figures of allocators\n"
+    "inside already-imported libraries: a copy of the dict the Python layer passes in\n"
+    "(empty when None; the C core names no Python package). heap=True adds the\n"
+    "allocator's own figures (see heap_stats(); on glibc that walks the heap) and AnonHugePages\n"
+    "(read from /proc/self/smaps_rollup, which walks the page tables, about 25 us per\n"
+    "MiB resident, with the GIL released). thp_mode says how transparent huge pages\n"
+    "stand. Raises OSError when /proc/self/status cannot be read.");
 
 static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
 {
@@ -780,7 +781,7 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
         (reason = str_or_none(mr_backend_reason())) == NULL ||
         (libraries = (libraries_arg == NULL || libraries_arg == Py_None)
                          ? PyDict_New()
-                         : Py_NewRef(libraries_arg)) == NULL ||
+                         : PyDict_Copy(libraries_arg)) == NULL ||
         thp_stats(&thp_mode, &huge, with_heap) < 0) {
         goto error;
     }
