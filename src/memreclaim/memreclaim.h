@@ -126,8 +126,9 @@ int mr_thp_settings_read(const char *dir, mr_thp_settings *out, char *failed, si
 /* The mode that governs PMD-size (2 MiB) huge pages: hugepages-<PMD>kB/enabled unless it is
  * "inherit" or absent, else enabled; MR_THP_NONE when enabled is absent. */
 mr_thp_mode mr_thp_settings_mode(const mr_thp_settings *settings);
-/* The same mode read from MR_THP_SYSFS: two small sysfs reads (the per-size file's name is found
- * once per process). 0 or an errno with the file's path in failed. */
+/* The same mode read from MR_THP_SYSFS: two small sysfs reads, a good reading kept for a second
+ * (the per-size file's name is found once per process). 0 or an errno with the file's path in
+ * failed. */
 int mr_thp_mode_read(mr_thp_mode *mode, char *failed, size_t failed_size);
 /* hpage_pmd_size under MR_THP_SYSFS (read once per process: fixed at boot), -1 if unknown. */
 int64_t mr_thp_pmd_size(void);

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Bumped in every child after fork(). A kept /proc/self/statm descriptor keeps naming the parent
@@ -646,13 +647,34 @@ int64_t mr_thp_pmd_size(void)
     return pmd_size_bytes;
 }
 
+/* The mode is read at every trim and stats(): a good reading is kept for a second (an
+ * administrator's change shows a second late at most), so a trim costs no sysfs read. The two
+ * atomics are not updated together: a reader may pair a new time with the mode before it, a
+ * mode at most a second old. */
+static _Atomic int64_t thp_mode_read_at = -1; /* CLOCK_MONOTONIC_COARSE ms, -1: none kept */
+static _Atomic int thp_mode_kept = MR_THP_NONE;
+
+static int64_t coarse_ms(void)
+{
+    struct timespec now;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &now) != 0) {
+        return -1;
+    }
+    return (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
 int mr_thp_mode_read(mr_thp_mode *mode, char *failed, size_t failed_size)
 {
     char enabled[16], pmd_enabled[16] = "";
     int err;
+    int64_t now = coarse_ms(), kept_at = atomic_load(&thp_mode_read_at);
 
-    (void)pthread_once(&pmd_once, pmd_init_once);
     failed[0] = '\0';
+    if (now >= 0 && kept_at >= 0 && now - kept_at < 1000) {
+        *mode = (mr_thp_mode)atomic_load(&thp_mode_kept);
+        return 0;
+    }
+    (void)pthread_once(&pmd_once, pmd_init_once);
     *mode = MR_THP_NONE;
     err = thp_word(MR_THP_SYSFS, "enabled", enabled, sizeof(enabled), failed, failed_size);
     if (err == 0 && enabled[0] != '\0' && pmd_enabled_path[0] != '\0') {
@@ -661,6 +683,8 @@ int mr_thp_mode_read(mr_thp_mode *mode, char *failed, size_t failed_size)
     }
     if (err == 0) {
         *mode = mode_of(enabled, pmd_enabled);
+        atomic_store(&thp_mode_kept, (int)*mode);
+        atomic_store(&thp_mode_read_at, now);
     }
     return err;
 }
