@@ -33,7 +33,8 @@
 #                     must be readable by other users: a CLI test runs as nobody)
 #   MATRIX_MIRROR     Debian mirror (default: the first `URIs:`/`deb` entry in the apt sources)
 #   MATRIX_KEEP=1     keep the work directories (logs, venvs) instead of removing them at exit
-#   MATRIX_CHROOT_TIMEOUT, MATRIX_INSTALL_TIMEOUT, MATRIX_TEST_TIMEOUT   seconds (900/900/1200)
+#   MATRIX_CHROOT_TIMEOUT, MATRIX_INSTALL_TIMEOUT, MATRIX_TEST_TIMEOUT   seconds (900/900/1200;
+#                     a foreign-architecture chroot gets 3x MATRIX_CHROOT_TIMEOUT)
 #   MATRIX_PYTEST_ARGS  extra pytest arguments (default none: the README's command exactly)
 set -euo pipefail
 
@@ -131,11 +132,12 @@ pick_packages() {
 CHROOT_DIR=
 chroot_for() {
     local suite=$1 versions=$2 arch=${3:-} name ready_var dir stamp script spec pkgs v
-    local arch_opt=()
+    local arch_opt=() limit=$CHROOT_TIMEOUT
     name=$suite
     if [ -n "$arch" ] && [ "$arch" != "$(dpkg --print-architecture)" ]; then
         name=$suite-$arch
         arch_opt=(--arch="$arch")
+        limit=$((3 * CHROOT_TIMEOUT))  # every binary emulated: dpkg, maintainer scripts, apt
     else
         arch=
     fi
@@ -162,7 +164,7 @@ chroot_for() {
             script=/usr/share/debootstrap/scripts/$suite
             [ -e "$script" ] || script=/usr/share/debootstrap/scripts/sid  # e.g. forky
             log "$name: debootstrap from $(mirror) (script $(basename "$script"))"
-            timeout --kill-after=30 "$CHROOT_TIMEOUT" debootstrap --variant=minbase "${arch_opt[@]}" \
+            timeout --kill-after=30 "$limit" debootstrap --variant=minbase "${arch_opt[@]}" \
                 --include=ca-certificates "$suite" "$dir" "$(mirror)" "$script" \
                 >"$WORK/debootstrap-$name.log" 2>&1 ||
                 { tail -30 "$WORK/debootstrap-$name.log" >&2; return 1; }
@@ -171,7 +173,7 @@ chroot_for() {
         echo 'Acquire::Check-Valid-Until "false";' \
             >"$dir/etc/apt/apt.conf.d/99memreclaim-valid-until" || return 1
         cp /etc/resolv.conf "$dir/etc/resolv.conf" && mount_proc "$dir" || return 1
-        timeout --kill-after=30 "$CHROOT_TIMEOUT" chroot "$dir" apt-get update -qq \
+        timeout --kill-after=30 "$limit" chroot "$dir" apt-get update -qq \
             >"$WORK/apt-$name.log" 2>&1 || { tail -30 "$WORK/apt-$name.log" >&2; return 1; }
         pkgs="ca-certificates"
         [ -n "$arch" ] || pkgs="gcc libc6-dev $pkgs"
@@ -181,7 +183,7 @@ chroot_for() {
         pkgs="$pkgs $(pick_packages "$dir" "${ALLOCATOR_PACKAGES[@]}" | tr '\n' ' ')" || return 1
         log "$name: apt-get install $pkgs"
         # shellcheck disable=SC2086
-        timeout --kill-after=30 "$CHROOT_TIMEOUT" chroot "$dir" /usr/bin/env \
+        timeout --kill-after=30 "$limit" chroot "$dir" /usr/bin/env \
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs \
             >>"$WORK/apt-$name.log" 2>&1 || { tail -30 "$WORK/apt-$name.log" >&2; return 1; }
         in_chroot "$dir" apt-get clean || return 1
