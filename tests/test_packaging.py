@@ -24,7 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 GRAFTED = ("tests", "benchmarks", "docs", "tools")
 BUILD_ARTEFACTS = re.compile(r"(__pycache__|\.egg-info|\.py[cod]$|\.so$|\.o$)")
 # Scripts the docs tell people to run: they must stay executable in the sdist.
-SCRIPTS = (".ci/run", "tests/stress/run.sh", "tools/freethreaded_build.sh", "tools/sanitize.sh")
+SCRIPTS = (
+    ".ci/run",
+    "tests/stress/run.sh",
+    "tools/freethreaded_build.sh",
+    "tools/sanitize.sh",
+    "tools/wheels.sh",
+)
 # A path the docs mention: tools/x, tests/x, benchmarks/x, docs/x or .ci/run.
 DOC_PATH = re.compile(r"(?<![\w/.-])((?:tools|tests|benchmarks|docs|\.ci)/[\w./-]*\w)")
 
