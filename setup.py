@@ -4,6 +4,14 @@ import sys
 
 from setuptools import Extension, setup
 
+# Linux only (procfs, glibc's malloc_trim, madvise): stop a build elsewhere with one message
+# before the compiler's errors would (an sdist can still be made anywhere).
+if not sys.platform.startswith("linux") and "sdist" not in sys.argv[1:]:
+    sys.exit(
+        f"memreclaim supports Linux only (it reads /proc and drives the C allocator through "
+        f"glibc/jemalloc/mimalloc/tcmalloc); this platform is {sys.platform!r}, nothing was built."
+    )
+
 # No limited API (abi3): one wheel per interpreter, like numpy and psutil where the ABI needs it.
 # Free-threaded builds reject the limited API (Python.h #errors on Py_LIMITED_API with
 # Py_GIL_DISABLED), and the per-interpreter-GIL slot is hidden below limited API 3.12.

@@ -24,7 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 GRAFTED = ("tests", "benchmarks", "docs", "tools")
 BUILD_ARTEFACTS = re.compile(r"(__pycache__|\.egg-info|\.py[cod]$|\.so$|\.o$)")
 # Scripts the docs tell people to run: they must stay executable in the sdist.
-SCRIPTS = (".ci/run", "tests/stress/run.sh", "tools/freethreaded_build.sh", "tools/sanitize.sh")
+SCRIPTS = (
+    ".ci/run",
+    "tests/stress/run.sh",
+    "tools/freethreaded_build.sh",
+    "tools/sanitize.sh",
+    "tools/wheels.sh",
+)
 # A path the docs mention: tools/x, tests/x, benchmarks/x, docs/x or .ci/run.
 DOC_PATH = re.compile(r"(?<![\w/.-])((?:tools|tests|benchmarks|docs|\.ci)/[\w./-]*\w)")
 
@@ -115,3 +121,51 @@ def test_wheel_has_the_package_but_no_c_sources(dists: tuple[Path, Path]) -> Non
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     abi = tag + ("t" if sysconfig.get_config_var("Py_GIL_DISABLED") else "")
     assert f"-{tag}-{abi}-" in dists[1].name and "abi3" not in dists[1].name, dists[1].name
+
+
+def _wheels_sh_list(name: str) -> list[str]:
+    """A bash array of tools/wheels.sh, e.g. VERSIONS=(3.11 3.12 ...)."""
+    text = (ROOT / "tools" / "wheels.sh").read_text()
+    match = re.search(rf"^{name}=\(([^)]*)\)", text, re.MULTILINE)
+    assert match, f"no {name}=(...) in tools/wheels.sh"
+    return match.group(1).split()
+
+
+def test_cibuildwheel_builds_and_tests_what_tools_wheels_sh_does() -> None:
+    """The release pipeline ([tool.cibuildwheel]) and tools/wheels.sh: same wheels, same tests."""
+    import tomllib
+
+    if not (ROOT / "tools" / "wheels.sh").exists():
+        pytest.skip(f"no source tree at {ROOT}")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    cibw = project["tool"]["cibuildwheel"]
+    versions = _wheels_sh_list("VERSIONS")
+    assert cibw["build"] == [f"cp{v.replace('.', '')}-*" for v in versions]
+    assert cibw["linux"]["archs"] == _wheels_sh_list("ARCHES")
+    plat = re.search(r"^PLAT=(\S+)$", (ROOT / "tools" / "wheels.sh").read_text(), re.MULTILINE)
+    assert plat and cibw["manylinux-x86_64-image"] == cibw["manylinux-aarch64-image"] == plat[1]
+    assert project["project"]["requires-python"] == f">={versions[0]}"
+    # The test files: the CI matrix's (MATRIX_DEFAULT_TESTS in .ci/run), which tools/wheels.sh runs.
+    ci = (ROOT / ".ci" / "run").read_text()
+    matrix = " ".join(re.findall(r'^MATRIX_DEFAULT_TESTS\+?="(.*)"$', ci, re.MULTILINE)).split()
+    pytest_command = [c for c in cibw["test-command"] if "pytest" in c]
+    assert len(pytest_command) == 1
+    files = [w for w in pytest_command[0].replace("\\\n", " ").split() if w.startswith("tests/")]
+    assert files == matrix and matrix, (files, matrix)
+    assert "python wheels_check.py" in cibw["test-command"]
+    assert "tools/wheels_check.py" in cibw["test-sources"]
+
+
+def test_setup_py_on_another_platform_stops_with_one_message(tmp_path: Path) -> None:
+    code = (
+        "import runpy, sys; sys.platform = 'darwin'; sys.argv = ['setup.py', 'bdist_wheel'];"
+        f"runpy.run_path({str(ROOT / 'setup.py')!r}, run_name='__main__')"
+    )
+    if not (ROOT / "setup.py").exists():
+        pytest.skip(f"no source tree at {ROOT}")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 1, proc
+    assert proc.stdout == "" and proc.stderr.count("\n") <= 1, proc.stderr
+    assert "Linux only" in proc.stderr and "'darwin'" in proc.stderr, proc.stderr

@@ -33,7 +33,8 @@
 #                     must be readable by other users: a CLI test runs as nobody)
 #   MATRIX_MIRROR     Debian mirror (default: the first `URIs:`/`deb` entry in the apt sources)
 #   MATRIX_KEEP=1     keep the work directories (logs, venvs) instead of removing them at exit
-#   MATRIX_CHROOT_TIMEOUT, MATRIX_INSTALL_TIMEOUT, MATRIX_TEST_TIMEOUT   seconds (900/900/1200)
+#   MATRIX_CHROOT_TIMEOUT, MATRIX_INSTALL_TIMEOUT, MATRIX_TEST_TIMEOUT   seconds (900/900/1200;
+#                     a foreign-architecture chroot gets 3x MATRIX_CHROOT_TIMEOUT)
 #   MATRIX_PYTEST_ARGS  extra pytest arguments (default none: the README's command exactly)
 set -euo pipefail
 
@@ -125,49 +126,66 @@ pick_packages() {
 }
 
 # Make (or reuse) the chroot of SUITE with the given Python versions: sets CHROOT_DIR.
+# ARCH (optional, e.g. arm64; default the host's) makes a foreign chroot, cached as SUITE-ARCH
+# and run through qemu-user (binfmt_misc must already send its binaries to qemu: tools/wheels.sh
+# registers that): python and the allocators only, no compiler (a wheel test runs there).
 CHROOT_DIR=
 chroot_for() {
-    local suite=$1 versions=$2 ready_var="MATRIX_CHROOT_$1" dir stamp script spec pkgs v
+    local suite=$1 versions=$2 arch=${3:-} name ready_var dir stamp script spec pkgs v
+    local arch_opt=() limit=$CHROOT_TIMEOUT
+    name=$suite
+    if [ -n "$arch" ] && [ "$arch" != "$(dpkg --print-architecture)" ]; then
+        name=$suite-$arch
+        arch_opt=(--arch="$arch")
+        limit=$((3 * CHROOT_TIMEOUT))  # every binary emulated: dpkg, maintainer scripts, apt
+    else
+        arch=
+    fi
+    ready_var="MATRIX_CHROOT_${name//-/_}"
     CHROOT_DIR=
     if [ -n "${!ready_var:-}" ]; then
         dir=${!ready_var}
         [ -x "$dir/bin/sh" ] || { echo "matrix: $ready_var=$dir is not a chroot" >&2; return 1; }
-        log "$suite: using the ready chroot $dir as is"
+        log "$name: using the ready chroot $dir as is"
         mount_proc "$dir" || return 1
         CHROOT_DIR=$dir
         return 0
     fi
-    dir=$CACHE/$suite
+    dir=$CACHE/$name
     stamp=$dir/.memreclaim-complete
     spec="python ${versions}; allocators ${ALLOCATOR_PACKAGES[*]}"
+    [ -z "$arch" ] || spec="$spec; $arch, no compiler"
     if [ -f "$stamp" ] && [ "$(head -1 "$stamp")" = "$spec" ]; then
-        log "$suite: reusing $dir (complete since $(sed -n 2p "$stamp"))"
+        log "$name: reusing $dir (complete since $(sed -n 2p "$stamp"))"
     else
         if [ ! -f "$stamp" ]; then  # absent, or left incomplete: start over
             if mountpoint -q "$dir/proc"; then umount "$dir/proc" || return 1; fi
             rm -rf "$dir" && mkdir -p "$CACHE" || return 1
             script=/usr/share/debootstrap/scripts/$suite
             [ -e "$script" ] || script=/usr/share/debootstrap/scripts/sid  # e.g. forky
-            log "$suite: debootstrap from $(mirror) (script $(basename "$script"))"
-            timeout --kill-after=30 "$CHROOT_TIMEOUT" debootstrap --variant=minbase \
+            log "$name: debootstrap from $(mirror) (script $(basename "$script"))"
+            timeout --kill-after=30 "$limit" debootstrap --variant=minbase "${arch_opt[@]}" \
                 --include=ca-certificates "$suite" "$dir" "$(mirror)" "$script" \
-                >"$WORK/debootstrap-$suite.log" 2>&1 ||
-                { tail -30 "$WORK/debootstrap-$suite.log" >&2; return 1; }
+                >"$WORK/debootstrap-$name.log" 2>&1 ||
+                { tail -30 "$WORK/debootstrap-$name.log" >&2; return 1; }
         fi
         # testing's Release file expires when the archive is not refreshed (e.g. a snapshot).
         echo 'Acquire::Check-Valid-Until "false";' \
             >"$dir/etc/apt/apt.conf.d/99memreclaim-valid-until" || return 1
         cp /etc/resolv.conf "$dir/etc/resolv.conf" && mount_proc "$dir" || return 1
-        timeout --kill-after=30 "$CHROOT_TIMEOUT" chroot "$dir" apt-get update -qq \
-            >"$WORK/apt-$suite.log" 2>&1 || { tail -30 "$WORK/apt-$suite.log" >&2; return 1; }
-        pkgs="gcc libc6-dev ca-certificates"
-        for v in $versions; do pkgs="$pkgs python$v-dev python$v-venv"; done
+        timeout --kill-after=30 "$limit" chroot "$dir" apt-get update -qq \
+            >"$WORK/apt-$name.log" 2>&1 || { tail -30 "$WORK/apt-$name.log" >&2; return 1; }
+        pkgs="ca-certificates"
+        [ -n "$arch" ] || pkgs="gcc libc6-dev $pkgs"
+        for v in $versions; do
+            if [ -n "$arch" ]; then pkgs="$pkgs python$v-venv"; else pkgs="$pkgs python$v-dev python$v-venv"; fi
+        done
         pkgs="$pkgs $(pick_packages "$dir" "${ALLOCATOR_PACKAGES[@]}" | tr '\n' ' ')" || return 1
-        log "$suite: apt-get install $pkgs"
+        log "$name: apt-get install $pkgs"
         # shellcheck disable=SC2086
-        timeout --kill-after=30 "$CHROOT_TIMEOUT" chroot "$dir" /usr/bin/env \
+        timeout --kill-after=30 "$limit" chroot "$dir" /usr/bin/env \
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs \
-            >>"$WORK/apt-$suite.log" 2>&1 || { tail -30 "$WORK/apt-$suite.log" >&2; return 1; }
+            >>"$WORK/apt-$name.log" 2>&1 || { tail -30 "$WORK/apt-$name.log" >&2; return 1; }
         in_chroot "$dir" apt-get clean || return 1
         printf '%s\n%s\n' "$spec" "$(date -u +%FT%TZ)" >"$stamp" || return 1  # last: complete
     fi
@@ -271,6 +289,9 @@ PY
     esac
     summarize "$name" "$status" "$info: $counts$why; $installed; $took"
 }
+
+# tools/wheels.sh sources this file for the chroot functions above (MATRIX_LIBRARY=1, no runs).
+if [ "${MATRIX_LIBRARY:-}" = 1 ]; then return 0; fi
 
 log "HEAD $(git -C "$ROOT" rev-parse --short HEAD), runs: ${RUNS[*]}, work dir $WORK"
 for run in "${RUNS[@]}"; do
