@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from conftest import allocator_lib
 
 import memreclaim
 
@@ -85,8 +86,13 @@ pool.shutdown()
 """
 
 
-def test_spike_freed_by_worker_threads_is_given_back_from_main(run_python: Any) -> None:
-    out = run_python(SPIKE_IN_WORKERS)
+@pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
+def test_spike_freed_by_worker_threads_is_given_back_from_main(
+    run_python: Any, allocator: str
+) -> None:
+    env = {} if allocator == "glibc" else {"LD_PRELOAD": str(allocator_lib(allocator))}
+    out = run_python(SPIKE_IN_WORKERS, env=env)
+    assert out["allocator"] == allocator, out
     assert out["held"] > 300 * MiB, out
     assert out["held"] - out["after"] >= 0.6 * out["held"], out
 
