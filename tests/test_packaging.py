@@ -158,7 +158,9 @@ def test_cibuildwheel_builds_and_tests_what_tools_wheels_sh_does() -> None:
 
 def test_setup_py_on_another_platform_stops_with_one_message(tmp_path: Path) -> None:
     code = (
-        "import runpy, sys; sys.platform = 'darwin'; sys.argv = ['setup.py', 'bdist_wheel'];"
+        # setuptools first: under a faked platform its import would load macOS-only modules
+        "import runpy, sys, setuptools; sys.platform = 'darwin';"
+        "sys.argv = ['setup.py', 'bdist_wheel'];"
         f"runpy.run_path({str(ROOT / 'setup.py')!r}, run_name='__main__')"
     )
     if not (ROOT / "setup.py").exists():
