@@ -259,6 +259,26 @@ static int proc_open(int pid, const char *name, int *fd)
     return err;
 }
 
+/* Read fd up to size - 1 bytes into buf (not terminated), *used the count; 0 or an errno. */
+static int read_fd_small(int fd, char *buf, size_t size, size_t *used)
+{
+    *used = 0;
+    while (*used < size - 1) {
+        ssize_t n = read(fd, buf + *used, size - 1 - *used);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            return errno;
+        }
+        if (n == 0) {
+            break;
+        }
+        *used += (size_t)n;
+    }
+    return 0;
+}
+
 /* Read up to size - 1 bytes of a /proc file into buf, NUL-terminated; 0 or an errno. */
 static int proc_read_small(int pid, const char *name, char *buf, size_t size, size_t *used)
 {
@@ -267,20 +287,7 @@ static int proc_read_small(int pid, const char *name, char *buf, size_t size, si
     if (err != 0) {
         return err;
     }
-    while (*used < size - 1) {
-        ssize_t n = read(fd, buf + *used, size - 1 - *used);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0) {
-            err = errno;
-            break;
-        }
-        if (n == 0) {
-            break;
-        }
-        *used += (size_t)n;
-    }
+    err = read_fd_small(fd, buf, size, used);
     (void)close(fd);
     buf[*used] = '\0';
     return err;
@@ -467,7 +474,7 @@ static int sysfs_read_small(const char *dir, const char *name, char *buf, size_t
 {
     char path[512];
     size_t used = 0;
-    int fd, err = 0;
+    int fd, err;
 
     if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) >= sizeof(path)) {
         return ENAMETOOLONG;
@@ -476,20 +483,7 @@ static int sysfs_read_small(const char *dir, const char *name, char *buf, size_t
     if (fd < 0) {
         return errno;
     }
-    while (used < size - 1) {
-        ssize_t n = read(fd, buf + used, size - 1 - used);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0) {
-            err = errno;
-            break;
-        }
-        if (n == 0) {
-            break;
-        }
-        used += (size_t)n;
-    }
+    err = read_fd_small(fd, buf, size, &used);
     (void)close(fd);
     while (used > 0 && (buf[used - 1] == '\n' || buf[used - 1] == ' ')) {
         used--;
