@@ -18,9 +18,13 @@ if not sys.platform.startswith("linux") and "sdist" not in sys.argv[1:]:
 core = Extension(
     "memreclaim._core",
     sources=[
-        "src/memreclaim/_core.c",
+        "src/memreclaim/module.c",
+        "src/memreclaim/heap.c",
+        "src/memreclaim/inspect.c",
+        "src/memreclaim/knobs.c",
         "src/memreclaim/procfs.c",
-        "src/memreclaim/alloc.c",
+        "src/memreclaim/detect.c",
+        "src/memreclaim/backends.c",
         "src/memreclaim/thp.c",
     ],
     depends=["src/memreclaim/memreclaim.h"],

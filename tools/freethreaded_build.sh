@@ -10,7 +10,7 @@
 #    limited API meets Py_GIL_DISABLED, so an abi3 setting fails here.
 # 2. Checks the object really is a free-threaded build: it calls the free-threaded refcounting
 #    helpers (_Py_DecRefShared / _Py_MergeZeroLocalRefcount), which a regular build never uses.
-# 3. Compiles _core.c again into a small program with the same macro and reads the module's slot
+# 3. Compiles module.c again into a small program with the same macro and reads the module's slot
 #    table at run time: it must declare Py_mod_gil = Py_MOD_GIL_NOT_USED (and per-interpreter GIL
 #    support). The program never calls Python, so it links without libpython.
 # Exits non-zero (with the reason) when any step fails.
@@ -58,7 +58,7 @@ nm -D --undefined-only "$SO" | grep -Eq '_Py_DecRefShared|_Py_MergeZeroLocalRefc
 # 3. The slot table, read at run time from the same sources compiled the same way.
 SRC="$ROOT/src/memreclaim"
 cat >"$WORK/slots.c" <<'EOF'
-#include "_core.c"
+#include "module.c"
 #include <stdio.h>
 #ifndef Py_GIL_DISABLED
 #error "Py_GIL_DISABLED is not defined"
@@ -85,7 +85,8 @@ int main(void)
 EOF
 # The Python API symbols stay unresolved (never called); a non-PIE executable tolerates that.
 ${CC:-cc} -std=c11 -Wall -Wextra -Werror -DPy_GIL_DISABLED=1 -I"$SRC" -I"$INCLUDE" \
-    "$WORK/slots.c" "$SRC/procfs.c" "$SRC/alloc.c" -ldl -no-pie \
+    "$WORK/slots.c" "$SRC/heap.c" "$SRC/inspect.c" "$SRC/knobs.c" "$SRC/procfs.c" \
+    "$SRC/detect.c" "$SRC/backends.c" "$SRC/thp.c" -ldl -no-pie \
     -Wl,--unresolved-symbols=ignore-all -o "$WORK/slots" >"$WORK/cc.log" 2>&1 || {
     cat "$WORK/cc.log" >&2
     fail "compiling the slot-table check failed"

@@ -96,6 +96,24 @@ int mr_rollup_read(int pid, mr_rollup *out);
 /* *out: the size of the [heap] (brk) mapping in bytes, -1 when the process has none. */
 int mr_heap_mapping_read(int pid, int64_t *out);
 
+/* Read fd line by line through buf[0:size] and call fn(ctx, line, len) on each (without its
+ * newline); a line longer than buf is dropped, and fn is called with line NULL for it. Returns 0,
+ * the errno of a read, or the first non-zero value fn returns (which stops the walk). Pure C. */
+typedef int (*mr_line_fn)(void *ctx, const char *line, size_t len);
+int mr_lines_read(int fd, char *buf, size_t size, mr_line_fn fn, void *ctx);
+
+/* One line of /proc/PID/maps: "start-end perms offset dev inode [name]". */
+typedef struct {
+    uint64_t start, end; /* [start, end) */
+    char perms[4];       /* "rw-p", "---p", ... (not terminated) */
+    bool anonymous;      /* device 00:00 and inode 0 */
+    const char *name;    /* what follows the inode, in the line (may be empty) */
+    size_t name_len;
+} mr_maps_entry;
+
+/* 0, or EIO when the line is not laid out like that. Pure C, no allocation. */
+int mr_maps_parse(const char *line, size_t len, mr_maps_entry *out);
+
 /* Transparent huge pages (procfs.c reads the settings, thp.c marks the heap). */
 #define MR_THP_SYSFS "/sys/kernel/mm/transparent_hugepage"
 /* Room for the path of a THP file that could not be read (a directory of up to 511 bytes). */
@@ -155,7 +173,7 @@ typedef struct {
  * call with the GIL released. Returns 0 or an errno (out says what was marked before it). */
 int mr_thp_mark_heap(mr_thp_marked *out);
 
-/* ---- alloc.c -------------------------------------------------------------------------------- */
+/* ---- detect.c and backends.c: the allocator ------------------------------------------------ */
 
 typedef enum {
     MR_ALLOC_UNKNOWN = 0,
@@ -188,7 +206,62 @@ typedef struct mr_backend {
     /* Fill *out. Pure C, may walk the heap. Returns 0, ENOTSUP when the allocator has no
      * statistics interface, or another errno. */
     int (*heap_stats)(mr_heap_stats *out);
+    /* Called once, by detection, when it picks this backend (mr_sym filled): writes the
+     * allocator's version into version[0:size] (left "" when it does not say) and sets up what the
+     * backend needs for the process (mimalloc: fork handlers for its option lock). Pure C. */
+    void (*detected)(char *version, size_t size);
 } mr_backend;
+
+/* backends.c: the backends, indexed by mr_alloc_kind. */
+extern const mr_backend mr_backends[];
+
+/* glibc's struct mallinfo2 (2.33+) and struct mallinfo, declared here so that the build does not
+ * depend on the C library's headers. */
+struct mr_mallinfo2 {
+    /* usmblks is unused (always 0), but it is part of the layout. */
+    // cppcheck-suppress unusedStructMember
+    size_t arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks, fordblks, keepcost;
+};
+struct mr_mallinfo {
+    // cppcheck-suppress unusedStructMember
+    int arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks, fordblks, keepcost;
+};
+
+/* detect.c -> backends.c: the interface of the object serving malloc, as detection resolved it
+ * (mr_alloc_symbol's rule); NULL where that object has no such name, glibc's names NULL unless
+ * glibc serves malloc. Written once under detection's pthread_once, read-only after: read it only
+ * after mr_backend_detect() (every backend call is made after it). */
+typedef struct {
+    /* glibc */
+    int (*malloc_trim)(size_t);
+    struct mr_mallinfo2 (*mallinfo2)(void);
+    struct mr_mallinfo (*mallinfo)(void);
+    int (*mallopt)(int, int);
+    int (*malloc_info)(int, FILE *);
+    const char *(*gnu_get_libc_version)(void);
+    /* jemalloc */
+    int (*mallctl)(const char *, void *, size_t *, void *, size_t);
+    /* mimalloc */
+    void (*mi_collect)(bool);
+    void (*mi_process_info)(size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *,
+                            size_t *);
+    int (*mi_version)(void);
+    void *(*mi_heap_get_backing)(void);
+    bool (*mi_heap_visit_blocks)(const void *, bool,
+                                 bool (*)(const void *, const void *, void *, size_t, void *),
+                                 void *);
+    long (*mi_option_get)(int);
+    void (*mi_option_set)(int, long);
+    void (*mi_thread_done)(void);
+    void (*mi_thread_init)(void);
+    /* gperftools tcmalloc */
+    void (*tc_release)(void);
+    int (*tc_numeric_property)(const char *, size_t *);
+    const char *(*tc_version)(int *, int *, const char **);
+    void (*tc_mark_thread_idle)(void);
+} mr_alloc_syms;
+
+extern mr_alloc_syms mr_sym;
 
 /* Resolve the optional symbols (once per process; idempotent and thread-safe) and return the
  * backend serving malloc in this process. Never NULL. */
@@ -249,6 +322,56 @@ int mr_glibc_mallopt(int param, int value);
 /* glibc malloc_info(0, ...) into a malloc'd buffer (*text, *size); the caller frees *text with
  * free(). Pure C: call with the GIL released. Returns 0 or an errno. */
 int mr_glibc_malloc_info(char **text, size_t *size);
+
+/* ---- module.c: the module's state and the Python glue its files share ---------------------
+ *
+ * Everything below speaks Python: call it with the GIL held (an attached thread state), except
+ * where a function says otherwise. Each returns NULL or -1 with an exception set on failure. */
+
+typedef struct {
+    PyTypeObject *trim_result_type;
+    PyTypeObject *memory_stats_type;
+    PyTypeObject *heap_stats_type;
+    PyObject *unsupported_error; /* memreclaim.UnsupportedAllocatorError */
+    PyObject *allocator_name;    /* str */
+    const mr_backend *backend;
+    mr_statm statm;  /* procfs.c locks it: the GIL does not serialise it on free-threaded builds */
+    int statm_ready; /* set by exec: a zeroed state has fd 0, which is not ours */
+} mr_core_state;
+
+static inline mr_core_state *mr_state(PyObject *module)
+{
+    return (mr_core_state *)PyModule_GetState(module);
+}
+
+/* int for value >= 0, None for a negative (unknown) value. */
+PyObject *mr_int_or_none(int64_t value);
+/* str from a C string, None for NULL. */
+PyObject *mr_str_or_none(const char *text);
+/* Slots [first, first + count) of a struct sequence from `values` (mr_int_or_none each). */
+int mr_set_ints(PyObject *result, Py_ssize_t first, const int64_t *values, Py_ssize_t count);
+/* dict[key] = mr_int_or_none(value) / mr_str_or_none(value, "" as None). */
+int mr_dict_set_int(PyObject *dict, const char *key, int64_t value);
+int mr_dict_set_str(PyObject *dict, const char *key, const char *value);
+/* CLOCK_MONOTONIC in seconds. Pure C: with or without the GIL. */
+double mr_monotonic_seconds(void);
+/* OSError(err) naming the /proc file `path`; returns NULL. */
+PyObject *mr_raise_proc_error(int err, const char *path);
+/* UnsupportedAllocatorError: `function` needs glibc's malloc / needs `symbol`, which the
+ * allocator serving malloc lacks. Return NULL. */
+PyObject *mr_raise_unsupported(mr_core_state *state, const char *function);
+PyObject *mr_raise_missing(mr_core_state *state, const char *function, const char *symbol);
+/* A keyword-only flag: True or False only (NULL: absent, False), else TypeError. */
+int mr_parse_flag(PyObject *value, const char *name, int *out);
+/* An int in [min, max]: TypeError for a non-int (bool included), ValueError/OverflowError naming
+ * the range. */
+int mr_parse_bounded_int(PyObject *value, const char *name, long long min, long long max,
+                         long long *out);
+
+/* The functions each file adds to the module (module.c's exec adds them). */
+extern PyMethodDef mr_heap_methods[];    /* heap.c */
+extern PyMethodDef mr_inspect_methods[]; /* inspect.c */
+extern PyMethodDef mr_knobs_methods[];   /* knobs.c */
 
 /* ---- pool reclaim (memreclaim._pools), reached through a capsule ----------------------------- */
 

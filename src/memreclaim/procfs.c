@@ -1,6 +1,7 @@
-/* RSS readers: /proc/self/statm through a kept descriptor, /proc/PID/status, and for another
- * process (or this one) /proc/PID/smaps_rollup and the [heap] line of /proc/PID/maps: the one
- * place memreclaim parses /proc memory figures.
+/* Every /proc and sysfs reader: /proc/self/statm through a kept descriptor, /proc/PID/status, and
+ * for another process (or this one) /proc/PID/smaps_rollup, the lines of /proc/PID/maps and their
+ * fields (the [heap] mapping; thp.c chooses the heap ranges from them), and the THP settings under
+ * /sys/kernel/mm/transparent_hugepage: the one place memreclaim parses /proc memory figures.
  *
  * Pure C, no Python objects: these functions return raw numbers in bytes and errno values.
  */
@@ -393,75 +394,146 @@ int mr_rollup_read(int pid, mr_rollup *out)
     return out->pss < 0 ? EIO : 0;
 }
 
-/* One line of /proc/PID/maps: add its size to *total if it is the [heap] mapping. */
-static void maps_line(const char *line, size_t len, int64_t *total)
-{
-    static const char heap[] = "[heap]";
-    const size_t heap_len = sizeof(heap) - 1;
-    uint64_t start = 0, end = 0;
-    size_t i = 0;
+/* ---- /proc/PID/maps: lines and their fields ---------------------------------------------------
+ */
 
-    if (len < heap_len || memcmp(line + len - heap_len, heap, heap_len) != 0) {
-        return;
-    }
-    for (; i < len && line[i] != '-'; i++) {
-        int digit = line[i] >= 'a' ? line[i] - 'a' + 10 : line[i] - '0';
-        start = start * 16 + (uint64_t)digit;
-    }
-    for (i++; i < len && line[i] != ' '; i++) {
-        int digit = line[i] >= 'a' ? line[i] - 'a' + 10 : line[i] - '0';
-        end = end * 16 + (uint64_t)digit;
-    }
-    if (end > start) {
-        *total = (*total < 0 ? 0 : *total) + (int64_t)(end - start);
-    }
-}
-
-int mr_heap_mapping_read(int pid, int64_t *out)
+int mr_lines_read(int fd, char *buf, size_t size, mr_line_fn fn, void *ctx)
 {
-    char buf[8192];
     size_t used = 0;
-    int skipping = 0; /* inside a line longer than buf (a long path): not [heap], drop it */
-    int fd, err = proc_open(pid, "maps", &fd);
+    int skipping = 0; /* inside a line longer than buf (a long path): it is dropped */
 
-    *out = -1;
-    if (err != 0) {
-        return err;
-    }
     for (;;) {
-        ssize_t n = read(fd, buf + used, sizeof(buf) - used);
+        ssize_t n = read(fd, buf + used, size - used);
         if (n < 0 && errno == EINTR) {
             continue;
         }
         if (n < 0) {
-            err = errno;
-            break;
+            return errno;
         }
-        if (n == 0) {
-            if (used > 0 && !skipping) {
-                maps_line(buf, used, out);
-            }
-            break;
+        if (n == 0) { /* a last line without its newline */
+            return used > 0 ? fn(ctx, skipping ? NULL : buf, skipping ? 0 : used) : 0;
         }
         used += (size_t)n;
         const char *line = buf;
         const char *end = buf + used;
         const char *eol;
         while ((eol = memchr(line, '\n', (size_t)(end - line))) != NULL) {
-            if (!skipping) {
-                maps_line(line, (size_t)(eol - line), out);
+            int err = fn(ctx, skipping ? NULL : line, skipping ? 0 : (size_t)(eol - line));
+            if (err != 0) {
+                return err;
             }
             skipping = 0;
             line = eol + 1;
         }
         used = (size_t)(end - line);
-        if (used == sizeof(buf)) { /* no newline in a whole buffer */
+        if (used == size) { /* no newline in a whole buffer */
             skipping = 1;
             used = 0;
         } else {
             memmove(buf, line, used);
         }
     }
+}
+
+/* A hexadecimal number ending at `stop` (which is consumed). */
+static int hex_u64(const char **p, const char *end, char stop, uint64_t *out)
+{
+    uint64_t value = 0;
+    const char *q = *p;
+    if (q >= end || *q == stop) {
+        return -1;
+    }
+    for (; q < end && *q != stop; q++) {
+        int digit;
+        if (*q >= '0' && *q <= '9') {
+            digit = *q - '0';
+        } else if (*q >= 'a' && *q <= 'f') {
+            digit = *q - 'a' + 10;
+        } else {
+            return -1;
+        }
+        value = value * 16 + (uint64_t)digit;
+    }
+    if (q >= end) {
+        return -1;
+    }
+    *p = q + 1;
+    *out = value;
+    return 0;
+}
+
+/* Skip one blank-separated field and the blanks after it. */
+static int skip_field(const char **p, const char *end)
+{
+    const char *q = *p;
+    if (q >= end || *q == ' ') {
+        return -1;
+    }
+    while (q < end && *q != ' ') {
+        q++;
+    }
+    while (q < end && *q == ' ') {
+        q++;
+    }
+    *p = q;
+    return 0;
+}
+
+int mr_maps_parse(const char *line, size_t len, mr_maps_entry *out)
+{
+    const char *p = line, *end = line + len;
+    uint64_t inode = 0;
+    int device_none;
+
+    if (hex_u64(&p, end, '-', &out->start) != 0 || hex_u64(&p, end, ' ', &out->end) != 0 ||
+        end - p < 5 || out->end <= out->start) {
+        return EIO;
+    }
+    memcpy(out->perms, p, 4);
+    p += 4;
+    if (*p != ' ' || (p++, skip_field(&p, end)) != 0) {
+        return EIO; /* perms, offset */
+    }
+    device_none = end - p >= 6 && memcmp(p, "00:00 ", 6) == 0;
+    if (skip_field(&p, end) != 0) { /* dev */
+        return EIO;
+    }
+    for (; p < end && *p >= '0' && *p <= '9'; p++) {
+        inode = inode * 10 + (uint64_t)(*p - '0');
+    }
+    while (p < end && *p == ' ') {
+        p++;
+    }
+    out->anonymous = device_none && inode == 0;
+    out->name = p;
+    out->name_len = (size_t)(end - p);
+    return 0;
+}
+
+/* mr_heap_mapping_read's line: add the size of the [heap] mapping to *ctx. */
+static int heap_line(void *ctx, const char *line, size_t len)
+{
+    static const char heap[] = "[heap]";
+    int64_t *total = ctx;
+    mr_maps_entry entry;
+
+    if (line != NULL && mr_maps_parse(line, len, &entry) == 0 &&
+        entry.name_len == sizeof(heap) - 1 && memcmp(entry.name, heap, sizeof(heap) - 1) == 0) {
+        *total = (*total < 0 ? 0 : *total) + (int64_t)(entry.end - entry.start);
+    }
+    return 0; /* a line we do not understand is not the heap: the others still count */
+}
+
+int mr_heap_mapping_read(int pid, int64_t *out)
+{
+    char buf[8192];
+    int fd, err = proc_open(pid, "maps", &fd);
+
+    *out = -1;
+    if (err != 0) {
+        return err;
+    }
+    err = mr_lines_read(fd, buf, sizeof(buf), heap_line, out);
     (void)close(fd);
     return err;
 }

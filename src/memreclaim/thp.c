@@ -44,49 +44,6 @@ typedef struct {
     int guard; /* anonymous, unnamed, ---p */
 } prev_mapping;
 
-static int hex_u64(const char **p, const char *end, char stop, uint64_t *out)
-{
-    uint64_t value = 0;
-    const char *q = *p;
-    if (q >= end || *q == stop) {
-        return -1;
-    }
-    for (; q < end && *q != stop; q++) {
-        int digit;
-        if (*q >= '0' && *q <= '9') {
-            digit = *q - '0';
-        } else if (*q >= 'a' && *q <= 'f') {
-            digit = *q - 'a' + 10;
-        } else {
-            return -1;
-        }
-        value = value * 16 + (uint64_t)digit;
-    }
-    if (q >= end) {
-        return -1;
-    }
-    *p = q + 1;
-    *out = value;
-    return 0;
-}
-
-/* Skip one blank-separated field and the blanks after it. */
-static int skip_field(const char **p, const char *end)
-{
-    const char *q = *p;
-    if (q >= end || *q == ' ') {
-        return -1;
-    }
-    while (q < end && *q != ' ') {
-        q++;
-    }
-    while (q < end && *q == ' ') {
-        q++;
-    }
-    *p = q;
-    return 0;
-}
-
 /* Whether a mapping's name (what follows the inode; may be empty) is an allocator's heap. */
 static int heap_name(const char *name, size_t len)
 {
@@ -110,59 +67,44 @@ typedef struct {
     prev_mapping prev;
 } walk_state;
 
-/* "start-end perms offset dev inode [name]": call fn if it is a heap range. 0, EIO or fn's errno.
- */
-static int maps_line(walk_state *walk, const char *line, size_t len)
+/* mr_lines_read's line: call fn if it is a heap range. 0, EIO or fn's errno. A dropped line (too
+ * long to be an allocator's) is no guard. */
+static int maps_line(void *ctx, const char *line, size_t len)
 {
-    const char *p = line, *end = line + len, *perms;
-    uint64_t start, end_address, inode = 0;
-    int anonymous, heap, err = 0;
+    walk_state *walk = ctx;
+    mr_maps_entry entry;
     prev_mapping prev = walk->prev;
 
     walk->prev.valid = 0;
-    if (hex_u64(&p, end, '-', &start) != 0 || hex_u64(&p, end, ' ', &end_address) != 0 ||
-        end - p < 5 || end_address <= start) {
+    if (line == NULL) {
+        return 0;
+    }
+    if (mr_maps_parse(line, len, &entry) != 0) {
         return EIO;
     }
-    perms = p;
-    p += 4;
-    if (*p != ' ' || (p++, skip_field(&p, end)) != 0) {
-        return EIO; /* perms, offset */
-    }
-    anonymous = end - p >= 6 && memcmp(p, "00:00 ", 6) == 0;
-    if (skip_field(&p, end) != 0) { /* dev */
-        return EIO;
-    }
-    for (; p < end && *p >= '0' && *p <= '9'; p++) {
-        inode = inode * 10 + (uint64_t)(*p - '0');
-    }
-    while (p < end && *p == ' ') {
-        p++;
-    }
-    anonymous = anonymous && inode == 0;
-    walk->prev.start = start;
-    walk->prev.end = end_address;
+    walk->prev.start = entry.start;
+    walk->prev.end = entry.end;
     walk->prev.valid = 1;
-    walk->prev.guard = anonymous && p == end && memcmp(perms, "---p", 4) == 0;
-    heap = anonymous && memcmp(perms, "rw-p", 4) == 0 && heap_name(p, (size_t)(end - p));
-    if (heap) {
-        uint64_t first = (start + walk->pmd_size - 1) & ~(walk->pmd_size - 1);
-        int below_guard = prev.valid && prev.guard && prev.end == start &&
-                          prev.end - prev.start <= MR_GUARD_MAX && start % MR_HEAP_ALIGN != 0;
-        int own_stack = walk->own_stack >= start && walk->own_stack < end_address;
-        if (first >= start && first + walk->pmd_size <= end_address && !below_guard && !own_stack) {
-            err = walk->fn(walk->ctx, start, end_address);
+    walk->prev.guard =
+        entry.anonymous && entry.name_len == 0 && memcmp(entry.perms, "---p", 4) == 0;
+    if (entry.anonymous && memcmp(entry.perms, "rw-p", 4) == 0 &&
+        heap_name(entry.name, entry.name_len)) {
+        uint64_t first = (entry.start + walk->pmd_size - 1) & ~(walk->pmd_size - 1);
+        int below_guard = prev.valid && prev.guard && prev.end == entry.start &&
+                          prev.end - prev.start <= MR_GUARD_MAX && entry.start % MR_HEAP_ALIGN != 0;
+        int own_stack = walk->own_stack >= entry.start && walk->own_stack < entry.end;
+        if (first >= entry.start && first + walk->pmd_size <= entry.end && !below_guard &&
+            !own_stack) {
+            return walk->fn(walk->ctx, entry.start, entry.end);
         }
     }
-    return err;
+    return 0;
 }
 
 int mr_thp_heap_ranges(const char *maps_path, uint64_t pmd_size, mr_range_fn fn, void *ctx)
 {
     char buf[4096];
-    size_t used = 0;
-    int skipping = 0; /* inside a line longer than buf (a long path): not a heap, drop it */
-    int fd, err = 0;
+    int fd, err;
     walk_state walk;
 
     if (pmd_size == 0 || (pmd_size & (pmd_size - 1)) != 0) {
@@ -177,45 +119,7 @@ int mr_thp_heap_ranges(const char *maps_path, uint64_t pmd_size, mr_range_fn fn,
     if (fd < 0) {
         return errno;
     }
-    for (;;) {
-        ssize_t n = read(fd, buf + used, sizeof(buf) - used);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0) {
-            err = errno;
-            break;
-        }
-        if (n == 0) {
-            if (used > 0 && !skipping) {
-                err = maps_line(&walk, buf, used);
-            }
-            break;
-        }
-        used += (size_t)n;
-        const char *line = buf;
-        const char *end = buf + used;
-        const char *eol;
-        while (err == 0 && (eol = memchr(line, '\n', (size_t)(end - line))) != NULL) {
-            if (!skipping) {
-                err = maps_line(&walk, line, (size_t)(eol - line));
-            } else {
-                walk.prev.valid = 0;
-            }
-            skipping = 0;
-            line = eol + 1;
-        }
-        if (err != 0) {
-            break;
-        }
-        used = (size_t)(end - line);
-        if (used == sizeof(buf)) { /* no newline in a whole buffer */
-            skipping = 1;
-            used = 0;
-        } else {
-            memmove(buf, line, used);
-        }
-    }
+    err = mr_lines_read(fd, buf, sizeof(buf), maps_line, &walk);
     (void)close(fd);
     return err;
 }

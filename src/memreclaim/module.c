@@ -1,0 +1,400 @@
+/* memreclaim._core: the module (state, result types, method tables, multi-phase init) and the
+ * Python glue every other file of the module shares (conversions, argument checks, errors).
+ *
+ * The work is done by procfs.c (/proc readers), detect.c and backends.c (the allocator) and thp.c,
+ * which never touch Python objects; heap.c (trim, stats, totals), inspect.c (readers of this and
+ * other processes) and knobs.c (allocator settings, a thread's share) speak Python. Built for each
+ * interpreter (no limited API: free-threaded builds reject it), and safe without the GIL and under
+ * per-interpreter GILs: the module state is written only by exec and read-only after, the kept
+ * statm descriptor has its own lock (procfs.c), and the process-wide parts (allocator detection,
+ * fork generation) are set once under pthread_once.
+ */
+#include "memreclaim.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- result types --------------------------------------------------------------------------- */
+
+static PyStructSequence_Field trim_result_fields[] = {
+    {"released", "bytes given back: anonymous RSS before minus after, never negative "
+                 "(None if /proc could not be read)"},
+    {"rss_before", "resident bytes before the trim (None if /proc could not be read)"},
+    {"rss_after", "resident bytes after the trim (None if /proc could not be read)"},
+    {"anon_before", "anonymous resident bytes before the trim (None if unreadable)"},
+    {"anon_after", "anonymous resident bytes after the trim (None if unreadable)"},
+    {"seconds", "wall-clock seconds the trim took"},
+    {"allocator", "the allocator serving malloc: glibc, jemalloc, mimalloc, tcmalloc or unknown"},
+    {"method", "the call that was made, or 'none' when the allocator has no purge call"},
+    {"pools_released", "empty pymalloc pools given back (0 unless pools=True)"},
+    {"pools_bytes", "bytes given back from empty pymalloc pools (0 unless pools=True)"},
+    {"via", "the forwarding LD_PRELOAD wrapper through which malloc reaches glibc, or None"},
+    {"reason", "why trim() could not act (method 'none'), or None when it did"},
+    {"parts", "dict: bytes each allocator gave back, measured around its own call: the process "
+              "allocator's name, 'pymalloc' with pools=True, and one per library released "
+              "(e.g. 'pyarrow'; None where /proc could not be read)"},
+    {"thp_mode", "the transparent-huge-page mode read at this trim: 'always', 'madvise', "
+                 "'never', or None when the kernel has no THP or the mode could not be read"},
+    {"thp_marked", "bytes of the allocators' heap mappings marked MADV_NOHUGEPAGE after the trim "
+                   "(whole mappings, those marked by earlier trims again): 0 unless thp_mode is "
+                   "'always', None when they could not be marked (thp_reason says why)"},
+    {"thp_reason", "why the heap was not marked under THP 'always' (or the mode could not be "
+                   "read), else None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc trim_result_desc = {
+    "memreclaim.TrimResult",
+    "The outcome of trim(): what was given back to the kernel, measured from RSS.",
+    trim_result_fields,
+    16,
+};
+
+static PyStructSequence_Field memory_stats_fields[] = {
+    {"rss", "resident bytes (VmRSS)"},
+    {"rss_anon", "anonymous resident bytes (RssAnon): the heap lives here"},
+    {"rss_file", "file-backed resident bytes (RssFile)"},
+    {"rss_shmem", "shared-memory resident bytes (RssShmem)"},
+    {"peak_rss", "the high-water mark of resident bytes (VmHWM); it never falls"},
+    {"swap", "swapped-out bytes (VmSwap)"},
+    {"traced_current", "bytes traced by tracemalloc now, or None when it is not tracing"},
+    {"traced_peak", "peak bytes traced by tracemalloc, or None when it is not tracing"},
+    {"allocator", "the allocator serving malloc"},
+    {"heap", "HeapStats when stats(heap=True) was asked, else None"},
+    {"via", "the forwarding LD_PRELOAD wrapper through which malloc reaches glibc, or None"},
+    {"reason", "why memreclaim cannot act on the allocator serving malloc, or None"},
+    {"libraries",
+     "dict: the allocators inside already-imported libraries, by library: whether "
+     "memreclaim can release them and what they report (memreclaim.stats() fills it in)"},
+    {"thp_mode", "the transparent-huge-page mode for 2 MiB pages: 'always', 'madvise', 'never', "
+                 "or None when the kernel has no THP (or its mode file could not be read: a "
+                 "RuntimeWarning says why, once)"},
+    {"anon_huge_pages", "anonymous bytes mapped as 2 MiB huge pages (AnonHugePages of "
+                        "/proc/self/smaps_rollup) when stats(heap=True) was asked, else None "
+                        "(also None when the kernel has no THP or no smaps_rollup)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc memory_stats_desc = {
+    "memreclaim.MemoryStats",
+    "A breakdown of this process's memory: RSS from /proc/self/status, tracemalloc's totals, and "
+    "optionally the allocator's own figures.",
+    memory_stats_fields,
+    15,
+};
+
+static PyStructSequence_Field heap_stats_fields[] = {
+    {"allocator", "the allocator these figures come from"},
+    {"in_use", "bytes handed out to the program, or None when the allocator does not say"},
+    {"free", "bytes held by the allocator but not handed out, or None"},
+    {"mapped", "bytes the allocator obtained from the kernel, or None"},
+    {"figures", "dict of the allocator's own figures under its own names"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc heap_stats_desc = {
+    "memreclaim.HeapStats",
+    "The allocator's own figures (glibc mallinfo2, jemalloc stats.*, mimalloc mi_process_info, "
+    "tcmalloc numeric properties).",
+    heap_stats_fields,
+    5,
+};
+
+/* ---- shared Python glue (declared in memreclaim.h)
+ * -------------------------------------------------------------------------------- */
+
+PyObject *mr_int_or_none(int64_t value)
+{
+    if (value < 0) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromLongLong((long long)value);
+}
+
+/* Fill slots [first, first + count) of a struct sequence from `values`; steals nothing. Returns
+ * -1 with an exception set. */
+int mr_set_ints(PyObject *result, Py_ssize_t first, const int64_t *values, Py_ssize_t count)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = mr_int_or_none(values[i]);
+        if (item == NULL) {
+            return -1;
+        }
+        PyStructSequence_SetItem(result, first + i, item);
+    }
+    return 0;
+}
+
+double mr_monotonic_seconds(void)
+{
+    struct timespec ts;
+    (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* OSError with errno, filename naming the /proc file we could not read. */
+PyObject *mr_raise_proc_error(int err, const char *path)
+{
+    PyObject *args = Py_BuildValue("(iss)", err, strerror(err), path);
+    if (args != NULL) {
+        PyErr_SetObject(PyExc_OSError, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+PyObject *mr_raise_unsupported(mr_core_state *state, const char *function)
+{
+    PyErr_Format(state->unsupported_error,
+                 "%s() needs glibc's malloc, but this process's malloc is served by %U", function,
+                 state->allocator_name);
+    return NULL;
+}
+
+/* glibc serves malloc but `symbol` was not found in it (hidden, or interposed by a tool). */
+PyObject *mr_raise_missing(mr_core_state *state, const char *function, const char *symbol)
+{
+    PyErr_Format(state->unsupported_error,
+                 "%s() needs %s(), which the %U allocator serving malloc in this process does "
+                 "not provide",
+                 function, symbol, state->allocator_name);
+    return NULL;
+}
+
+/* Keyword-only boolean flag: True/False only, so a typo like heap="no" is a TypeError. */
+int mr_parse_flag(PyObject *value, const char *name, int *out)
+{
+    if (value == NULL) {
+        *out = 0;
+        return 0;
+    }
+    if (!PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be True or False, not %R", name,
+                     (PyObject *)Py_TYPE(value));
+        return -1;
+    }
+    *out = value == Py_True;
+    return 0;
+}
+
+/* An int argument in [min, max]: TypeError for non-ints (bool included), ValueError or
+ * OverflowError naming the accepted range. */
+int mr_parse_bounded_int(PyObject *value, const char *name, long long min, long long max,
+                         long long *out)
+{
+    int overflow = 0;
+    long long v;
+    if (!PyLong_Check(value) || PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %R", name,
+                     (PyObject *)Py_TYPE(value));
+        return -1;
+    }
+    v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow != 0) {
+        PyErr_Format(PyExc_OverflowError, "%s must be between %lld and %lld, got %R", name, min,
+                     max, value);
+        return -1;
+    }
+    if (v < min || v > max) {
+        PyErr_Format(PyExc_ValueError, "%s must be between %lld and %lld, got %lld", name, min, max,
+                     v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* str from a C string, or None for NULL. */
+PyObject *mr_str_or_none(const char *text)
+{
+    if (text == NULL) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromString(text);
+}
+
+/* Add key: mr_int_or_none(value) to dict; -1 with an exception set. */
+int mr_dict_set_int(PyObject *dict, const char *key, int64_t value)
+{
+    PyObject *item = mr_int_or_none(value);
+    int rc;
+    if (item == NULL) {
+        return -1;
+    }
+    rc = PyDict_SetItemString(dict, key, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+int mr_dict_set_str(PyObject *dict, const char *key, const char *value)
+{
+    PyObject *item = mr_str_or_none(value != NULL && value[0] != '\0' ? value : NULL);
+    int rc;
+    if (item == NULL) {
+        return -1;
+    }
+    rc = PyDict_SetItemString(dict, key, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+/* ---- allocator ------------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(allocator_doc, "allocator() -> str\n\n"
+                            "Which allocator serves malloc in this process: 'glibc', 'jemalloc',\n"
+                            "'mimalloc', 'tcmalloc', or 'unknown' (musl, or an LD_PRELOADed\n"
+                            "allocator with no purge interface we know).");
+
+static PyObject *core_allocator(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *name = mr_state(module)->allocator_name;
+    Py_INCREF(name);
+    return name;
+}
+
+PyDoc_STRVAR(allocator_version_doc, "allocator_version() -> str | None\n\n"
+                                    "The live allocator's version as it reports it, or None.");
+
+static PyObject *core_allocator_version(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    const char *version = mr_backend_version();
+    if (version == NULL) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromString(version);
+}
+
+/* ---- module --------------------------------------------------------------------------------- */
+
+static PyMethodDef core_methods[] = {
+    {"allocator", core_allocator, METH_NOARGS, allocator_doc},
+    {"allocator_version", core_allocator_version, METH_NOARGS, allocator_version_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_type(PyObject *module, PyTypeObject **slot, PyStructSequence_Desc *desc)
+{
+    *slot = PyStructSequence_NewType(desc);
+    if (*slot == NULL) {
+        return -1;
+    }
+    Py_INCREF(*slot);
+    if (PyModule_AddObject(module, strrchr(desc->name, '.') + 1, (PyObject *)*slot) < 0) {
+        Py_DECREF(*slot);
+        return -1;
+    }
+    return 0;
+}
+
+static int core_exec(PyObject *module)
+{
+    mr_core_state *state = mr_state(module);
+
+    mr_statm_init(&state->statm);
+    state->statm_ready = 1;
+    mr_procfs_global_init();
+    state->backend = mr_backend_detect();
+    state->allocator_name = PyUnicode_InternFromString(state->backend->name);
+    if (state->allocator_name == NULL) {
+        return -1;
+    }
+    if (PyModule_AddFunctions(module, mr_heap_methods) < 0 ||
+        PyModule_AddFunctions(module, mr_inspect_methods) < 0 ||
+        PyModule_AddFunctions(module, mr_knobs_methods) < 0) {
+        return -1;
+    }
+    if (add_type(module, &state->trim_result_type, &trim_result_desc) < 0 ||
+        add_type(module, &state->memory_stats_type, &memory_stats_desc) < 0 ||
+        add_type(module, &state->heap_stats_type, &heap_stats_desc) < 0) {
+        return -1;
+    }
+    state->unsupported_error = PyErr_NewExceptionWithDoc(
+        "memreclaim.UnsupportedAllocatorError",
+        "The call needs an allocator interface that the allocator serving malloc lacks.",
+        PyExc_RuntimeError, NULL);
+    if (state->unsupported_error == NULL) {
+        return -1;
+    }
+    Py_INCREF(state->unsupported_error);
+    if (PyModule_AddObject(module, "UnsupportedAllocatorError", state->unsupported_error) < 0) {
+        Py_DECREF(state->unsupported_error);
+        return -1;
+    }
+    if (PyModule_AddIntConstant(module, "MMAP_THRESHOLD_MAX", (long)MR_MMAP_THRESHOLD_MAX) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+static int core_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    mr_core_state *state = mr_state(module);
+    Py_VISIT(state->trim_result_type);
+    Py_VISIT(state->memory_stats_type);
+    Py_VISIT(state->heap_stats_type);
+    Py_VISIT(state->unsupported_error);
+    return 0;
+}
+
+static int core_clear(PyObject *module)
+{
+    mr_core_state *state = mr_state(module);
+    Py_CLEAR(state->trim_result_type);
+    Py_CLEAR(state->memory_stats_type);
+    Py_CLEAR(state->heap_stats_type);
+    Py_CLEAR(state->unsupported_error);
+    Py_CLEAR(state->allocator_name);
+    return 0;
+}
+
+static void core_free(void *module)
+{
+    mr_core_state *state = mr_state((PyObject *)module);
+    (void)core_clear((PyObject *)module);
+    if (state != NULL && state->statm_ready) {
+        mr_statm_close(&state->statm);
+    }
+}
+
+static PyModuleDef_Slot core_slots[] = {
+    {Py_mod_exec, (void *)core_exec},
+/* Each slot is guarded by the macro that defines its VALUE: from 3.15 the slot names are always
+ * defined while the values stay hidden where they were added (3.12, 3.13). */
+#ifdef Py_MOD_PER_INTERPRETER_GIL_SUPPORTED
+    /* Each interpreter gets its own module state (no static PyObject*, no static type); the
+     * process-wide parts (the detected backend, the fork generation, the statm lock) are C data
+     * set once under pthread_once or guarded by their own lock. */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+#ifdef Py_MOD_GIL_NOT_USED
+    /* Nothing here relies on the GIL: the module state is read-only after exec, the kept statm
+     * descriptor is locked in procfs.c, the pools capsule is looked up per call, and alloc.c
+     * detects once under pthread_once. tools/freethreaded_build.sh checks this slot. */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT,
+    "memreclaim._core",
+    "memreclaim's C core: trim, rss, stats, allocator detection and knobs.",
+    sizeof(mr_core_state),
+    core_methods,
+    core_slots,
+    core_traverse,
+    core_clear,
+    core_free,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    return PyModuleDef_Init(&core_module);
+}
