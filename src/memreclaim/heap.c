@@ -206,141 +206,175 @@ PyDoc_STRVAR(trim_doc,
              "pymalloc pools are given back too (needs memreclaim.enable_pool_reclaim()).\n"
              "TrimResult.parts says what each allocator gave back.");
 
-static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
-{
-    static char *keywords[] = {"pools", "libraries", NULL};
-    mr_core_state *state = mr_state(module);
-    PyObject *pools_arg = NULL, *libraries = NULL, *parts = NULL, *result = NULL, *item;
-    const mr_pools_capi *pools = NULL;
-    const mr_backend *backend = state->backend;
-    mr_pools_result pools_result = {0, 0};
-    thp_outcome thp;
+/* One trim() call: the readings around each release, and what the result reports. */
+typedef struct {
+    mr_core_state *state;
+    PyObject *parts; /* dict: bytes each allocator gave back */
     mr_rss_sample before, mark, after;
-    int with_pools, before_err, mark_err, after_err, trim_err;
-    double started, seconds;
+    int before_err, mark_err, after_err; /* 0 or the errno of that statm reading */
+    double seconds;
+    mr_pools_result pools;
+    thp_outcome thp;
+} trim_run;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OO:trim", keywords, &pools_arg, &libraries) ||
-        mr_parse_flag(pools_arg, "pools", &with_pools) < 0 ||
-        (libraries != NULL && check_libraries(libraries) < 0)) {
-        return NULL;
+/* Read statm now, set parts[key] to the drop since the mark, and move the mark here. The statm
+ * reads keep the GIL: about a microsecond (procfs.c locks the kept descriptor itself, so
+ * free-threaded builds need no GIL for them). -1 with an exception set. */
+static int trim_mark(trim_run *run, const char *key)
+{
+    run->after_err = mr_statm_read(&run->state->statm, &run->after);
+    if (set_part(run->parts, key, run->mark_err, &run->mark, run->after_err, &run->after) < 0) {
+        return -1;
     }
-    if (with_pools && (pools = get_pools(state)) == NULL) {
-        return NULL;
-    }
-    parts = PyDict_New();
-    if (parts == NULL) {
-        goto error;
-    }
+    run->mark = run->after;
+    run->mark_err = run->after_err;
+    return 0;
+}
 
-    /* The statm reads keep the GIL: they take about a microsecond (procfs.c locks the kept
-     * descriptor itself, so free-threaded builds need no GIL for them). */
-    before_err = mr_statm_read(&state->statm, &before);
-    mark = before;
-    mark_err = before_err;
-    started = mr_monotonic_seconds();
-    /* Allocators inside libraries (pyarrow bundles jemalloc or mimalloc): their memory is not
-     * malloc's, so only their own call gives it back. Each release is a Python callable. */
+/* Allocators inside libraries (pyarrow bundles jemalloc or mimalloc): their memory is not
+ * malloc's, so only their own call gives it back. Each release is a Python callable, called with
+ * the GIL held; `libraries` was checked by check_libraries. */
+static int release_libraries(trim_run *run, PyObject *libraries)
+{
     for (Py_ssize_t i = 0; libraries != NULL && i < PyTuple_GET_SIZE(libraries); i++) {
         PyObject *pair = PyTuple_GET_ITEM(libraries, i);
-        const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0)); /* checked above */
-        item = PyObject_CallNoArgs(PyTuple_GET_ITEM(pair, 1));
+        const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0)); /* cached: checked */
+        PyObject *item = PyObject_CallNoArgs(PyTuple_GET_ITEM(pair, 1));
         if (item == NULL || name == NULL) {
             Py_XDECREF(item);
-            goto error;
+            return -1;
         }
         Py_DECREF(item);
-        after_err = mr_statm_read(&state->statm, &after);
-        if (set_part(parts, name, mark_err, &mark, after_err, &after) < 0) {
-            goto error;
+        if (trim_mark(run, name) < 0) {
+            return -1;
         }
-        mark = after;
-        mark_err = after_err;
     }
-    /* Pool reclaim walks pymalloc's structures: it needs the GIL held. */
-    if (pools != NULL) {
-        if (pools->reclaim(&pools_result) < 0) {
-            goto error;
-        }
-        after_err = mr_statm_read(&state->statm, &after);
-        if (set_part(parts, "pymalloc", mark_err, &mark, after_err, &after) < 0) {
-            goto error;
-        }
-        mark = after;
-        mark_err = after_err;
-    }
-    seconds = mr_monotonic_seconds() - started;
-    /* The clock is read inside the released region: waiting to get the GIL back afterwards is
-     * not the trim's cost. */
+    return 0;
+}
+
+/* The allocator's own trim, with the GIL released; then, under THP "always", the heap marking that
+ * keeps what was given back given back. The clock is read inside the released region: waiting to
+ * get the GIL back afterwards is not the trim's cost. -1 with OSError set. */
+static int trim_allocator(trim_run *run)
+{
+    const mr_backend *backend = run->state->backend;
+    double started, seconds;
+    int err;
+
     Py_BEGIN_ALLOW_THREADS
     started = mr_monotonic_seconds();
-    trim_err = backend->trim();
-    seconds += mr_monotonic_seconds() - started;
+    err = backend->trim();
+    seconds = mr_monotonic_seconds() - started;
     Py_END_ALLOW_THREADS
-    after_err = mr_statm_read(&state->statm, &after);
-
-    if (trim_err != 0) {
-        errno = trim_err;
+    run->seconds += seconds;
+    run->after_err = mr_statm_read(&run->state->statm, &run->after);
+    if (err != 0) {
+        errno = err;
         PyErr_SetFromErrno(PyExc_OSError);
-        goto error;
+        return -1;
     }
-    thp_after_trim(&thp, &seconds); /* under THP "always": keep what was given back given back */
-    if (backend->kind != MR_ALLOC_UNKNOWN &&
-        set_part(parts, backend->name, mark_err, &mark, after_err, &after) < 0) {
-        goto error;
+    thp_after_trim(&run->thp, &run->seconds);
+    if (backend->kind == MR_ALLOC_UNKNOWN) {
+        return 0;
     }
-    result = PyStructSequence_New(state->trim_result_type);
-    if (result == NULL) {
-        goto error;
-    }
+    return set_part(run->parts, backend->name, run->mark_err, &run->mark, run->after_err,
+                    &run->after);
+}
+
+/* TrimResult's first five fields: released, rss_before, rss_after, anon_before, anon_after. */
+static int set_measured(PyObject *result, const trim_run *run)
+{
     int64_t measured[5] = {-1, -1, -1, -1, -1};
-    if (before_err == 0 && after_err == 0) {
-        measured[0] = before.anon > after.anon ? before.anon - after.anon : 0;
+    if (run->before_err == 0 && run->after_err == 0) {
+        measured[0] = run->before.anon > run->after.anon ? run->before.anon - run->after.anon : 0;
     }
-    if (before_err == 0) {
-        measured[1] = before.resident;
-        measured[3] = before.anon;
+    if (run->before_err == 0) {
+        measured[1] = run->before.resident;
+        measured[3] = run->before.anon;
     }
-    if (after_err == 0) {
-        measured[2] = after.resident;
-        measured[4] = after.anon;
+    if (run->after_err == 0) {
+        measured[2] = run->after.resident;
+        measured[4] = run->after.anon;
     }
-    if (mr_set_ints(result, 0, measured, 5) < 0) {
-        goto error;
-    }
-    item = PyFloat_FromDouble(seconds);
-    if (item == NULL) {
-        goto error;
+    return mr_set_ints(result, 0, measured, 5);
+}
+
+/* The TrimResult of `run`; it takes run->parts (NULL there after) on success only. */
+static PyObject *trim_result(trim_run *run)
+{
+    mr_core_state *state = run->state;
+    PyObject *result = PyStructSequence_New(state->trim_result_type), *item;
+    int64_t pool_figures[2] = {run->pools.pools_released, run->pools.bytes_released};
+
+    if (result == NULL || set_measured(result, run) < 0 ||
+        (item = PyFloat_FromDouble(run->seconds)) == NULL) {
+        Py_XDECREF(result);
+        return NULL;
     }
     PyStructSequence_SetItem(result, 5, item);
     Py_INCREF(state->allocator_name);
     PyStructSequence_SetItem(result, 6, state->allocator_name);
-    item = PyUnicode_FromString(backend->trim_method);
-    if (item == NULL) {
-        goto error;
+    if ((item = PyUnicode_FromString(state->backend->trim_method)) == NULL) {
+        Py_DECREF(result);
+        return NULL;
     }
     PyStructSequence_SetItem(result, 7, item);
-    int64_t pool_figures[2] = {pools_result.pools_released, pools_result.bytes_released};
-    if (mr_set_ints(result, 8, pool_figures, 2) < 0) {
-        goto error;
-    }
-    if ((item = mr_str_or_none(mr_backend_via())) == NULL) {
-        goto error;
+    if (mr_set_ints(result, 8, pool_figures, 2) < 0 ||
+        (item = mr_str_or_none(mr_backend_via())) == NULL) {
+        Py_DECREF(result);
+        return NULL;
     }
     PyStructSequence_SetItem(result, 10, item);
     if ((item = mr_str_or_none(mr_backend_reason())) == NULL) {
-        goto error;
+        Py_DECREF(result);
+        return NULL;
     }
     PyStructSequence_SetItem(result, 11, item);
-    if (set_thp_fields(result, 13, &thp) < 0) {
-        goto error;
+    if (set_thp_fields(result, 13, &run->thp) < 0) {
+        Py_DECREF(result);
+        return NULL;
     }
-    PyStructSequence_SetItem(result, 12, parts); /* the result owns it now */
+    PyStructSequence_SetItem(result, 12, run->parts); /* the result owns it now */
+    run->parts = NULL;
     return result;
-error:
-    /* `parts` is handed to the result only on success, as its last step. */
-    Py_XDECREF(parts);
-    Py_XDECREF(result);
-    return NULL;
+}
+
+static PyObject *core_trim(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"pools", "libraries", NULL};
+    PyObject *pools_arg = NULL, *libraries = NULL, *result = NULL;
+    const mr_pools_capi *pools = NULL;
+    trim_run run;
+    int with_pools;
+    double started;
+
+    memset(&run, 0, sizeof(run));
+    run.state = mr_state(module);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OO:trim", keywords, &pools_arg, &libraries) ||
+        mr_parse_flag(pools_arg, "pools", &with_pools) < 0 ||
+        (libraries != NULL && check_libraries(libraries) < 0) ||
+        (with_pools && (pools = get_pools(run.state)) == NULL) ||
+        (run.parts = PyDict_New()) == NULL) {
+        return NULL;
+    }
+    run.before_err = mr_statm_read(&run.state->statm, &run.before);
+    run.mark = run.before;
+    run.mark_err = run.before_err;
+    started = mr_monotonic_seconds();
+    if (release_libraries(&run, libraries) < 0) {
+        goto done;
+    }
+    /* Pool reclaim walks pymalloc's structures: it needs the GIL held. */
+    if (pools != NULL && (pools->reclaim(&run.pools) < 0 || trim_mark(&run, "pymalloc") < 0)) {
+        goto done;
+    }
+    run.seconds = mr_monotonic_seconds() - started;
+    if (trim_allocator(&run) == 0) {
+        result = trim_result(&run);
+    }
+done:
+    Py_XDECREF(run.parts); /* handed to the result only on success, as its last step */
+    return result;
 }
 
 /* ---- rss ------------------------------------------------------------------------------------ */

@@ -69,20 +69,18 @@ static PyObject *core_process_status(PyObject *module, PyObject *arg)
     if (err != 0) {
         return raise_pid_error(err, pid, "status");
     }
+    const mr_named_int figures[] = {
+        {"threads", status.threads},     {"rss", status.rss},
+        {"rss_anon", status.rss_anon},   {"rss_file", status.rss_file},
+        {"rss_shmem", status.rss_shmem}, {"swap", status.swap},
+        {"peak_rss", status.peak_rss},   {"virtual", status.virtual_size}};
     result = PyDict_New();
     if (result == NULL) {
         return NULL;
     }
     name = PyUnicode_DecodeUTF8(status.name, (Py_ssize_t)strlen(status.name), "replace");
     if (name == NULL || PyDict_SetItemString(result, "name", name) < 0 ||
-        mr_dict_set_int(result, "threads", status.threads) < 0 ||
-        mr_dict_set_int(result, "rss", status.rss) < 0 ||
-        mr_dict_set_int(result, "rss_anon", status.rss_anon) < 0 ||
-        mr_dict_set_int(result, "rss_file", status.rss_file) < 0 ||
-        mr_dict_set_int(result, "rss_shmem", status.rss_shmem) < 0 ||
-        mr_dict_set_int(result, "swap", status.swap) < 0 ||
-        mr_dict_set_int(result, "peak_rss", status.peak_rss) < 0 ||
-        mr_dict_set_int(result, "virtual", status.virtual_size) < 0) {
+        mr_dict_set_ints(result, figures, sizeof(figures) / sizeof(figures[0])) < 0) {
         Py_XDECREF(name);
         Py_DECREF(result);
         return NULL;
@@ -102,7 +100,6 @@ PyDoc_STRVAR(process_rollup_doc,
 static PyObject *core_process_rollup(PyObject *module, PyObject *arg)
 {
     mr_rollup rollup;
-    PyObject *result;
     int pid, err;
     (void)module;
 
@@ -115,19 +112,12 @@ static PyObject *core_process_rollup(PyObject *module, PyObject *arg)
     if (err != 0) {
         return raise_pid_error(err, pid, "smaps_rollup");
     }
-    result = PyDict_New();
-    if (result == NULL) {
-        return NULL;
-    }
-    if (mr_dict_set_int(result, "pss", rollup.pss) < 0 ||
-        mr_dict_set_int(result, "private_dirty", rollup.private_dirty) < 0 ||
-        mr_dict_set_int(result, "shared_clean", rollup.shared_clean) < 0 ||
-        mr_dict_set_int(result, "anonymous", rollup.anonymous) < 0 ||
-        mr_dict_set_int(result, "anon_huge_pages", rollup.anon_huge_pages) < 0) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    return result;
+    const mr_named_int figures[] = {{"pss", rollup.pss},
+                                    {"private_dirty", rollup.private_dirty},
+                                    {"shared_clean", rollup.shared_clean},
+                                    {"anonymous", rollup.anonymous},
+                                    {"anon_huge_pages", rollup.anon_huge_pages}};
+    return mr_dict_of_ints(figures, sizeof(figures) / sizeof(figures[0]));
 }
 
 PyDoc_STRVAR(process_heap_mapping_doc,
@@ -167,35 +157,72 @@ PyDoc_STRVAR(mimalloc_areas_doc,
              "when the walk passes max_areas pages, TypeError/ValueError/OverflowError for\n"
              "arguments that are not non-negative ints / positive ints.");
 
-static PyObject *core_mimalloc_areas(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* mimalloc_areas()'s two arguments: small_max a non-negative int, max_areas a positive one. */
+static int parse_areas_args(PyObject *const *args, Py_ssize_t nargs, size_t *small_max,
+                            size_t *max_areas)
 {
-    mr_core_state *state = mr_state(module);
-    mr_mi_areas walk;
-    size_t small_max, max_areas;
-    int err;
-    PyObject *result, *addresses;
-
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "mimalloc_areas() takes 2 arguments (%zd given)", nargs);
-        return NULL;
+        return -1;
     }
     for (int i = 0; i < 2; i++) {
         if (!PyLong_Check(args[i]) || PyBool_Check(args[i])) {
             PyErr_Format(PyExc_TypeError, "mimalloc_areas() argument %d must be int, not %.100s",
                          i + 1, Py_TYPE(args[i])->tp_name);
-            return NULL;
+            return -1;
         }
     }
-    small_max = PyLong_AsSize_t(args[0]);
-    if (small_max == (size_t)-1 && PyErr_Occurred()) {
-        return NULL; /* OverflowError, also for a negative value */
+    *small_max = PyLong_AsSize_t(args[0]);
+    if (*small_max == (size_t)-1 && PyErr_Occurred()) {
+        return -1; /* OverflowError, also for a negative value */
     }
-    max_areas = PyLong_AsSize_t(args[1]);
-    if (max_areas == (size_t)-1 && PyErr_Occurred()) {
+    *max_areas = PyLong_AsSize_t(args[1]);
+    if (*max_areas == (size_t)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*max_areas == 0) {
+        PyErr_SetString(PyExc_ValueError, "mimalloc_areas() max_areas must be positive");
+        return -1;
+    }
+    return 0;
+}
+
+/* The dict mimalloc_areas() returns for a finished walk. */
+static PyObject *areas_dict(const mr_mi_areas *walk)
+{
+    const mr_named_int figures[] = {{"small", (int64_t)walk->small_used},
+                                    {"large", (int64_t)walk->large_used},
+                                    {"committed", (int64_t)walk->committed},
+                                    {"areas", (int64_t)walk->areas}};
+    PyObject *result, *addresses = PyTuple_New((Py_ssize_t)walk->naddresses);
+
+    if (addresses == NULL) {
         return NULL;
     }
-    if (max_areas == 0) {
-        PyErr_SetString(PyExc_ValueError, "mimalloc_areas() max_areas must be positive");
+    for (size_t i = 0; i < walk->naddresses; i++) {
+        PyObject *item = PyLong_FromSize_t(walk->addresses[i]);
+        if (item == NULL) {
+            Py_DECREF(addresses);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(addresses, (Py_ssize_t)i, item);
+    }
+    result = mr_dict_of_ints(figures, sizeof(figures) / sizeof(figures[0]));
+    if (result != NULL && PyDict_SetItemString(result, "addresses", addresses) < 0) {
+        Py_CLEAR(result);
+    }
+    Py_DECREF(addresses);
+    return result;
+}
+
+static PyObject *core_mimalloc_areas(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    mr_mi_areas walk;
+    size_t small_max, max_areas;
+    int err;
+    PyObject *result;
+
+    if (parse_areas_args(args, nargs, &small_max, &max_areas) < 0) {
         return NULL;
     }
     memset(&walk, 0, sizeof(walk));
@@ -212,40 +239,14 @@ static PyObject *core_mimalloc_areas(PyObject *module, PyObject *const *args, Py
     err = mr_mimalloc_areas(&walk);
     Py_END_ALLOW_THREADS
     if (err == ENOTSUP) {
-        PyMem_RawFree(walk.addresses);
-        return mr_raise_missing(state, "mimalloc_areas", "mi_heap_visit_blocks");
-    }
-    if (err != 0) {
-        PyMem_RawFree(walk.addresses);
+        result = mr_raise_missing(mr_state(module), "mimalloc_areas", "mi_heap_visit_blocks");
+    } else if (err != 0) {
         errno = err;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    addresses = PyTuple_New((Py_ssize_t)walk.naddresses);
-    if (addresses == NULL) {
-        PyMem_RawFree(walk.addresses);
-        return NULL;
-    }
-    for (size_t i = 0; i < walk.naddresses; i++) {
-        PyObject *item = PyLong_FromSize_t(walk.addresses[i]);
-        if (item == NULL) {
-            PyMem_RawFree(walk.addresses);
-            Py_DECREF(addresses);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(addresses, (Py_ssize_t)i, item);
+        result = PyErr_SetFromErrno(PyExc_OSError);
+    } else {
+        result = areas_dict(&walk);
     }
     PyMem_RawFree(walk.addresses);
-    result = PyDict_New();
-    if (result == NULL || mr_dict_set_int(result, "small", (int64_t)walk.small_used) < 0 ||
-        mr_dict_set_int(result, "large", (int64_t)walk.large_used) < 0 ||
-        mr_dict_set_int(result, "committed", (int64_t)walk.committed) < 0 ||
-        mr_dict_set_int(result, "areas", (int64_t)walk.areas) < 0 ||
-        PyDict_SetItemString(result, "addresses", addresses) < 0) {
-        Py_XDECREF(result);
-        Py_DECREF(addresses);
-        return NULL;
-    }
-    Py_DECREF(addresses);
     return result;
 }
 
@@ -375,7 +376,6 @@ PyDoc_STRVAR(thp_mark_heap_doc,
 static PyObject *core_thp_mark_heap(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
     mr_thp_marked marked = {0, 0, 0};
-    PyObject *result;
     int err;
 
     Py_BEGIN_ALLOW_THREADS
@@ -385,14 +385,9 @@ static PyObject *core_thp_mark_heap(PyObject *Py_UNUSED(module), PyObject *Py_UN
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    result = PyDict_New();
-    if (result == NULL || mr_dict_set_int(result, "ranges", marked.ranges) < 0 ||
-        mr_dict_set_int(result, "bytes", marked.bytes) < 0 ||
-        mr_dict_set_int(result, "skipped", marked.skipped) < 0) {
-        Py_XDECREF(result);
-        return NULL;
-    }
-    return result;
+    const mr_named_int figures[] = {
+        {"ranges", marked.ranges}, {"bytes", marked.bytes}, {"skipped", marked.skipped}};
+    return mr_dict_of_ints(figures, sizeof(figures) / sizeof(figures[0]));
 }
 
 /* ---- method table ----------------------------------------------------------------------- */

@@ -353,6 +353,13 @@ int mr_set_ints(PyObject *result, Py_ssize_t first, const int64_t *values, Py_ss
 /* dict[key] = mr_int_or_none(value) / mr_str_or_none(value, "" as None). */
 int mr_dict_set_int(PyObject *dict, const char *key, int64_t value);
 int mr_dict_set_str(PyObject *dict, const char *key, const char *value);
+/* dict[key] = mr_int_or_none(value) for each item, in order: into `dict`, or a new dict. */
+typedef struct {
+    const char *key;
+    int64_t value; /* < 0: None */
+} mr_named_int;
+int mr_dict_set_ints(PyObject *dict, const mr_named_int *items, size_t count);
+PyObject *mr_dict_of_ints(const mr_named_int *items, size_t count);
 /* CLOCK_MONOTONIC in seconds. Pure C: with or without the GIL. */
 double mr_monotonic_seconds(void);
 /* OSError(err) naming the /proc file `path`; returns NULL. */

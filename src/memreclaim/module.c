@@ -245,6 +245,25 @@ int mr_dict_set_str(PyObject *dict, const char *key, const char *value)
     return rc;
 }
 
+int mr_dict_set_ints(PyObject *dict, const mr_named_int *items, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (mr_dict_set_int(dict, items[i].key, items[i].value) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyObject *mr_dict_of_ints(const mr_named_int *items, size_t count)
+{
+    PyObject *dict = PyDict_New();
+    if (dict != NULL && mr_dict_set_ints(dict, items, count) < 0) {
+        Py_CLEAR(dict);
+    }
+    return dict;
+}
+
 /* ---- allocator ------------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(allocator_doc, "allocator() -> str\n\n"
