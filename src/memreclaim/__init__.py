@@ -14,12 +14,13 @@ The policy layer (the watchdogs in :mod:`memreclaim.watchdog`, the diagnosis eng
 
 from __future__ import annotations
 
-from . import _accounting, _core, _libraries
+from . import _core, _libraries
 from ._core import (
     MMAP_THRESHOLD_MAX,
     HeapStats,
     MemoryStats,
     TrimResult,
+    TrimTotals,
     UnsupportedAllocatorError,
     allocator,
     allocator_version,
@@ -31,6 +32,7 @@ from ._core import (
     set_thp_marking,
     set_trim_threshold,
     thp_settings,
+    totals,
 )
 from ._version import __version__
 
@@ -117,6 +119,7 @@ __all__ = [
     "Snapshot",
     "TrimEvent",
     "TrimResult",
+    "TrimTotals",
     "UnsupportedAllocatorError",
     "Watchdog",
     "__version__",
@@ -144,6 +147,7 @@ __all__ = [
     "snapshot",
     "stats",
     "thp_settings",
+    "totals",
     "trim",
     "trim_async",
 ]
@@ -159,7 +163,8 @@ def trim(*, pools: bool = False) -> TrimResult:
     took. With ``pools=True`` the pages of empty pymalloc pools are given back first (see
     :func:`enable_pool_reclaim`).
 
-    Every call is counted once in the process-wide totals that the metrics report. When
+    Every call is counted once in the process-wide :func:`totals` that the metrics report (the
+    C core counts each trim it makes, whoever calls it). When
     memreclaim cannot act on the allocator serving malloc, ``method`` is ``'none'``,
     ``reason`` says why, and the first such call in the process warns (``RuntimeWarning``).
     When a library with an allocator of its own is already imported (pyarrow's memory pool), it
@@ -176,7 +181,6 @@ def trim(*, pools: bool = False) -> TrimResult:
     ``memreclaim._core.collect_thread``).
     """
     result = _core.trim(pools=pools, libraries=_libraries.releasers())
-    _accounting.record(result.released, result.seconds)
     if result.reason is not None:
         _warn_cannot_act(result.reason)
     return result

@@ -1,28 +1,32 @@
-"""Process-wide trim accounting: every :func:`memreclaim.trim` call, direct or made by a runner,
-is recorded here exactly once (by the public ``trim`` itself), so metrics agree with the
-runners' counters and never count one release twice.
+"""Process-wide trim accounting, a shim over the C core's totals (kept for its importers).
 
-Cheap and lock-protected: a trim takes milliseconds, recording it a microsecond.
+Every trim is counted by the C core's ``trim`` itself (the public :func:`memreclaim.trim`, the
+runners and any direct ``memreclaim._core.trim`` call alike), once, so metrics agree with the
+runners' counters, never count one release twice, and no call can bypass them. The public face is
+:func:`memreclaim.totals`, which returns the C core's :class:`memreclaim.TrimTotals`.
+:func:`totals` here returns the same figures as this module's own :class:`TrimTotals` record,
+which its callers construct too (a zero starting point); ``UNPRODUCTIVE_BELOW`` and
+``SECONDS_BUCKETS`` are the C core's.
 """
 
 from __future__ import annotations
 
-import _thread  # not threading, nor dataclasses: together ~3.5 MiB of RSS on `import memreclaim`
-import os
+from . import _core
 
 __all__ = ["SECONDS_BUCKETS", "UNPRODUCTIVE_BELOW", "TrimTotals", "record", "totals"]
 
-UNPRODUCTIVE_BELOW = 1 << 20
+UNPRODUCTIVE_BELOW: int = _core.UNPRODUCTIVE_BELOW
 """A trim that gives back less than this many bytes (or an unknown amount) is unproductive."""
 
-SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+SECONDS_BUCKETS: tuple[float, ...] = _core.SECONDS_BUCKETS
 """Upper bounds (seconds) of the trim-duration histogram; a last bucket holds the rest."""
 
 
 class TrimTotals:
     """What every trim in this process added up to since start (or since the last fork).
 
-    Immutable; compares and prints like a frozen dataclass of the same fields.
+    This module's record of :class:`memreclaim.TrimTotals`' fields, as :func:`totals` has always
+    returned them. Immutable; compares and prints like a frozen dataclass of the same fields.
     """
 
     __slots__ = ("released_bytes", "seconds", "seconds_buckets", "trims", "unproductive")
@@ -69,41 +73,18 @@ class TrimTotals:
         return f"TrimTotals({fields})"
 
 
-_lock = _thread.allocate_lock()
-_trims = 0
-_unproductive = 0
-_released = 0
-_seconds = 0.0
-_buckets = [0] * (len(SECONDS_BUCKETS) + 1)
-
-
 def record(released: int | None, seconds: float) -> None:
-    """Add one trim that gave back ``released`` bytes (None: unknown) in ``seconds``."""
-    global _trims, _unproductive, _released, _seconds
-    slot = next((i for i, bound in enumerate(SECONDS_BUCKETS) if seconds <= bound), -1)
-    with _lock:
-        _trims += 1
-        _seconds += seconds
-        _buckets[slot] += 1
-        if released is None or released < UNPRODUCTIVE_BELOW:
-            _unproductive += 1
-        if released:
-            _released += released
+    """Count a trim made outside the C core's ``trim`` that gave back ``released`` bytes (None:
+    unknown) in ``seconds``; ``trim`` counts itself.
+
+    Raises:
+        TypeError: ``released`` is not an int or None, or ``seconds`` not a number.
+        ValueError: ``released`` is negative, or ``seconds`` negative or not finite.
+    """
+    _core._record_trim(released, seconds)
 
 
 def totals() -> TrimTotals:
-    """A consistent copy of the totals."""
-    with _lock:
-        return TrimTotals(_trims, _unproductive, _released, _seconds, tuple(_buckets))
-
-
-def _reset_in_child() -> None:
-    """A forked child starts its own account (its parent's trims are not its own)."""
-    global _lock, _trims, _unproductive, _released, _seconds, _buckets
-    _lock = _thread.allocate_lock()
-    _trims = _unproductive = _released = 0
-    _seconds = 0.0
-    _buckets = [0] * (len(SECONDS_BUCKETS) + 1)
-
-
-os.register_at_fork(after_in_child=_reset_in_child)
+    """A consistent copy of the process totals (the figures of :func:`memreclaim.totals`)."""
+    t = _core.totals()
+    return TrimTotals(t.trims, t.unproductive, t.released_bytes, t.seconds, t.seconds_buckets)

@@ -5,6 +5,9 @@
 #include "memreclaim.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,6 +209,182 @@ PyDoc_STRVAR(trim_doc,
              "pymalloc pools are given back too (needs memreclaim.enable_pool_reclaim()).\n"
              "TrimResult.parts says what each allocator gave back.");
 
+/* ---- process totals ---------------------------------------------------------------------- */
+
+/* Upper bounds (seconds) of the trim-duration histogram; a last bucket holds the rest. */
+static const double seconds_bounds[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5};
+#define MR_NBOUNDS (sizeof(seconds_bounds) / sizeof(seconds_bounds[0]))
+
+/* What every trim in this process added up to since it started, or since the fork that made it:
+ * one account for the process (every interpreter's trims count), counted by trim() itself, so no
+ * caller can bypass it. Its lock is held for a few additions; the fork handlers take it, so a
+ * child never inherits it held, and the child starts from zero (its parent's trims are not its
+ * own). */
+static struct {
+    long long trims, unproductive, released;
+    double seconds;
+    long long buckets[MR_NBOUNDS + 1];
+} totals;
+static pthread_mutex_t totals_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t totals_once = PTHREAD_ONCE_INIT;
+static int totals_once_err;
+
+static void totals_before_fork(void)
+{
+    (void)pthread_mutex_lock(&totals_lock);
+}
+
+static void totals_after_fork_in_parent(void)
+{
+    (void)pthread_mutex_unlock(&totals_lock);
+}
+
+static void totals_after_fork_in_child(void)
+{
+    memset(&totals, 0, sizeof(totals));
+    (void)pthread_mutex_unlock(&totals_lock);
+}
+
+static void totals_init_once(void)
+{
+    totals_once_err =
+        pthread_atfork(totals_before_fork, totals_after_fork_in_parent, totals_after_fork_in_child);
+}
+
+int mr_totals_init(void)
+{
+    (void)pthread_once(&totals_once, totals_init_once);
+    return totals_once_err;
+}
+
+/* Count one trim that gave back `released` bytes (< 0: unknown) in `seconds`. Pure C. */
+static void totals_add(int64_t released, double seconds)
+{
+    size_t slot = 0;
+    while (slot < MR_NBOUNDS && !(seconds <= seconds_bounds[slot])) {
+        slot++;
+    }
+    (void)pthread_mutex_lock(&totals_lock);
+    totals.trims++;
+    totals.seconds += seconds;
+    totals.buckets[slot]++;
+    if (released < MR_UNPRODUCTIVE_BELOW) {
+        totals.unproductive++;
+    }
+    if (released > 0) {
+        totals.released += released;
+    }
+    (void)pthread_mutex_unlock(&totals_lock);
+}
+
+int mr_totals_add_constants(PyObject *module)
+{
+    PyObject *bounds = PyTuple_New((Py_ssize_t)MR_NBOUNDS);
+    if (bounds == NULL) {
+        return -1;
+    }
+    for (size_t i = 0; i < MR_NBOUNDS; i++) {
+        PyObject *bound = PyFloat_FromDouble(seconds_bounds[i]);
+        if (bound == NULL) {
+            Py_DECREF(bounds);
+            return -1;
+        }
+        PyTuple_SET_ITEM(bounds, (Py_ssize_t)i, bound);
+    }
+    if (PyModule_AddObject(module, "SECONDS_BUCKETS", bounds) < 0) {
+        Py_DECREF(bounds);
+        return -1;
+    }
+    return PyModule_AddIntConstant(module, "UNPRODUCTIVE_BELOW", (long)MR_UNPRODUCTIVE_BELOW);
+}
+
+PyDoc_STRVAR(totals_doc,
+             "totals() -> TrimTotals\n\n"
+             "What every trim() in this process added up to since it started (or since the fork\n"
+             "that made it): trims, the unproductive ones (under UNPRODUCTIVE_BELOW bytes, 1 MiB,\n"
+             "or an unknown amount given back), released_bytes, seconds, and seconds_buckets (how\n"
+             "many took at most each SECONDS_BUCKETS bound, then the rest). trim() counts itself,\n"
+             "whoever calls it; a consistent copy.");
+
+static PyObject *core_totals(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *result = PyStructSequence_New(mr_state(module)->trim_totals_type), *item;
+    PyObject *buckets = PyTuple_New((Py_ssize_t)MR_NBOUNDS + 1);
+    long long copy[MR_NBOUNDS + 1], counts[3];
+    double seconds;
+
+    if (result == NULL || buckets == NULL) {
+        Py_XDECREF(result);
+        Py_XDECREF(buckets);
+        return NULL;
+    }
+    (void)pthread_mutex_lock(&totals_lock);
+    counts[0] = totals.trims;
+    counts[1] = totals.unproductive;
+    counts[2] = totals.released;
+    seconds = totals.seconds;
+    memcpy(copy, totals.buckets, sizeof(copy));
+    (void)pthread_mutex_unlock(&totals_lock);
+    PyStructSequence_SetItem(result, 4, buckets); /* filled below: the result owns it */
+    for (Py_ssize_t i = 0; i < 3; i++) {
+        if ((item = PyLong_FromLongLong(counts[i])) == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyStructSequence_SetItem(result, i, item);
+    }
+    if ((item = PyFloat_FromDouble(seconds)) == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    PyStructSequence_SetItem(result, 3, item);
+    for (size_t i = 0; i <= MR_NBOUNDS; i++) {
+        if ((item = PyLong_FromLongLong(copy[i])) == NULL) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(buckets, (Py_ssize_t)i, item);
+    }
+    return result;
+}
+
+PyDoc_STRVAR(record_trim_doc,
+             "_record_trim(released, seconds, /) -> None\n\n"
+             "Count a trim made outside trim() in totals(): released bytes (None: unknown) in\n"
+             "seconds. TypeError/ValueError (released a negative int, seconds negative or not\n"
+             "finite) before anything is counted.");
+
+static PyObject *core_record_trim(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                  Py_ssize_t nargs)
+{
+    long long released = -1;
+    double seconds;
+
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "_record_trim() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (args[0] != Py_None &&
+        mr_parse_bounded_int(args[0], "released", 0, LLONG_MAX, &released) < 0) {
+        return NULL;
+    }
+    if (PyBool_Check(args[1]) || (!PyFloat_Check(args[1]) && !PyLong_Check(args[1]))) {
+        PyErr_Format(PyExc_TypeError, "seconds must be a float, not %.100s",
+                     Py_TYPE(args[1])->tp_name);
+        return NULL;
+    }
+    seconds = PyFloat_AsDouble(args[1]);
+    if (seconds == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!isfinite(seconds) || seconds < 0) {
+        PyErr_Format(PyExc_ValueError, "seconds must be finite and not negative, got %R", args[1]);
+        return NULL;
+    }
+    totals_add((int64_t)released, seconds);
+    Py_RETURN_NONE;
+}
+
 /* One trim() call: the readings around each release, and what the result reports. */
 typedef struct {
     mr_core_state *state;
@@ -216,6 +395,16 @@ typedef struct {
     mr_pools_result pools;
     thp_outcome thp;
 } trim_run;
+
+/* TrimResult.released: the drop in anonymous resident bytes, never negative; -1 when either
+ * reading failed. */
+static int64_t run_released(const trim_run *run)
+{
+    if (run->before_err != 0 || run->after_err != 0) {
+        return -1;
+    }
+    return run->before.anon > run->after.anon ? run->before.anon - run->after.anon : 0;
+}
 
 /* Read statm now, set parts[key] to the drop since the mark, and move the mark here. The statm
  * reads keep the GIL: about a microsecond (procfs.c locks the kept descriptor itself, so
@@ -274,6 +463,8 @@ static int trim_allocator(trim_run *run)
         return -1;
     }
     thp_after_trim(&run->thp, &run->seconds);
+    /* Counted here, once per trim made, whoever called: the released bytes are the result's. */
+    totals_add(run_released(run), run->seconds);
     if (backend->kind == MR_ALLOC_UNKNOWN) {
         return 0;
     }
@@ -284,10 +475,7 @@ static int trim_allocator(trim_run *run)
 /* TrimResult's first five fields: released, rss_before, rss_after, anon_before, anon_after. */
 static int set_measured(PyObject *result, const trim_run *run)
 {
-    int64_t measured[5] = {-1, -1, -1, -1, -1};
-    if (run->before_err == 0 && run->after_err == 0) {
-        measured[0] = run->before.anon > run->after.anon ? run->before.anon - run->after.anon : 0;
-    }
+    int64_t measured[5] = {run_released(run), -1, -1, -1, -1};
     if (run->before_err == 0) {
         measured[1] = run->before.resident;
         measured[3] = run->before.anon;
@@ -652,5 +840,7 @@ PyMethodDef mr_heap_methods[] = {
     {"stats", (PyCFunction)(void (*)(void))core_stats, METH_VARARGS | METH_KEYWORDS, stats_doc},
     {"heap_stats", core_heap_stats, METH_NOARGS, heap_stats_doc},
     {"set_thp_marking", core_set_thp_marking, METH_O, set_thp_marking_doc},
+    {"totals", core_totals, METH_NOARGS, totals_doc},
+    {"_record_trim", (PyCFunction)(void (*)(void))core_record_trim, METH_FASTCALL, record_trim_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -332,6 +332,7 @@ typedef struct {
     PyTypeObject *trim_result_type;
     PyTypeObject *memory_stats_type;
     PyTypeObject *heap_stats_type;
+    PyTypeObject *trim_totals_type;
     PyObject *unsupported_error; /* memreclaim.UnsupportedAllocatorError */
     PyObject *allocator_name;    /* str */
     const mr_backend *backend;
@@ -374,6 +375,15 @@ int mr_parse_flag(PyObject *value, const char *name, int *out);
  * the range. */
 int mr_parse_bounded_int(PyObject *value, const char *name, long long min, long long max,
                          long long *out);
+
+/* heap.c: the process totals of trim() (TrimTotals). A trim that gives back less than this many
+ * bytes, or an unknown amount, is unproductive. */
+#define MR_UNPRODUCTIVE_BELOW ((int64_t)1 << 20)
+/* Register the fork handlers that reset the totals in a child (once per process; any thread,
+ * GIL or not). 0 or the errno of pthread_atfork. */
+int mr_totals_init(void);
+/* Add SECONDS_BUCKETS (tuple of the histogram's bounds) and UNPRODUCTIVE_BELOW to the module. */
+int mr_totals_add_constants(PyObject *module);
 
 /* The functions each file adds to the module (module.c's exec adds them). */
 extern PyMethodDef mr_heap_methods[];    /* heap.c */

@@ -87,6 +87,25 @@ static PyStructSequence_Desc memory_stats_desc = {
     15,
 };
 
+static PyStructSequence_Field trim_totals_fields[] = {
+    {"trims", "trims made in this process since it started (or since the fork that made it)"},
+    {"unproductive", "those that gave back less than UNPRODUCTIVE_BELOW bytes (1 MiB) or an "
+                     "unknown amount"},
+    {"released_bytes", "bytes they gave back (the sum of TrimResult.released; unknown counts 0)"},
+    {"seconds", "seconds they took (the sum of TrimResult.seconds)"},
+    {"seconds_buckets", "tuple: how many took at most each SECONDS_BUCKETS bound (not counted in "
+                        "the earlier ones), then how many took longer"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc trim_totals_desc = {
+    "memreclaim.TrimTotals",
+    "What every trim() in this process added up to since it started (or since the fork that made "
+    "it); totals() returns it.",
+    trim_totals_fields,
+    5,
+};
+
 static PyStructSequence_Field heap_stats_fields[] = {
     {"allocator", "the allocator these figures come from"},
     {"in_use", "bytes handed out to the program, or None when the allocator does not say"},
@@ -319,6 +338,11 @@ static int core_exec(PyObject *module)
     mr_statm_init(&state->statm);
     state->statm_ready = 1;
     mr_procfs_global_init();
+    errno = mr_totals_init();
+    if (errno != 0) {
+        PyErr_SetFromErrno(PyExc_OSError); /* pthread_atfork: ENOMEM */
+        return -1;
+    }
     state->backend = mr_backend_detect();
     state->allocator_name = PyUnicode_InternFromString(state->backend->name);
     if (state->allocator_name == NULL) {
@@ -331,7 +355,9 @@ static int core_exec(PyObject *module)
     }
     if (add_type(module, &state->trim_result_type, &trim_result_desc) < 0 ||
         add_type(module, &state->memory_stats_type, &memory_stats_desc) < 0 ||
-        add_type(module, &state->heap_stats_type, &heap_stats_desc) < 0) {
+        add_type(module, &state->heap_stats_type, &heap_stats_desc) < 0 ||
+        add_type(module, &state->trim_totals_type, &trim_totals_desc) < 0 ||
+        mr_totals_add_constants(module) < 0) {
         return -1;
     }
     state->unsupported_error = PyErr_NewExceptionWithDoc(
@@ -358,6 +384,7 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(state->trim_result_type);
     Py_VISIT(state->memory_stats_type);
     Py_VISIT(state->heap_stats_type);
+    Py_VISIT(state->trim_totals_type);
     Py_VISIT(state->unsupported_error);
     return 0;
 }
@@ -368,6 +395,7 @@ static int core_clear(PyObject *module)
     Py_CLEAR(state->trim_result_type);
     Py_CLEAR(state->memory_stats_type);
     Py_CLEAR(state->heap_stats_type);
+    Py_CLEAR(state->trim_totals_type);
     Py_CLEAR(state->unsupported_error);
     Py_CLEAR(state->allocator_name);
     return 0;
