@@ -51,9 +51,8 @@ MUTANTS = [
     Mutant(
         "trim-released-from-total-rss",
         PKG + "heap.c",
-        "return run->before.anon > run->after.anon ? run->before.anon - run->after.anon : 0;",
-        "return run->before.resident > run->after.resident"
-        " ? run->before.resident - run->after.resident : 0;",
+        "return before->anon > after->anon ? before->anon - after->anon : 0;",
+        "return before->resident > after->resident ? before->resident - after->resident : 0;",
         (SEMANTICS,),
     ),
     Mutant(
@@ -81,8 +80,8 @@ MUTANTS = [
     Mutant(
         "trim-released-may-be-negative",
         PKG + "heap.c",
-        "return run->before.anon > run->after.anon ? run->before.anon - run->after.anon : 0;",
-        "return run->before.anon - run->after.anon;",
+        "return before->anon > after->anon ? before->anon - after->anon : 0;",
+        "return before->anon - after->anon;",
         (SEMANTICS,),
     ),
     Mutant(

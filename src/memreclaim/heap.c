@@ -31,6 +31,7 @@ static const mr_pools_capi *get_pools(mr_core_state *Py_UNUSED(state))
     }
     return capi;
 }
+
 /* ---- allocators inside libraries ----------------------------------------------------------- */
 
 /* The `libraries` argument of trim(): a tuple of (name, release) pairs, each a str and a
@@ -61,17 +62,23 @@ static int check_libraries(PyObject *libraries)
     return 0;
 }
 
+/* The drop in anonymous resident bytes from one statm reading to another, never negative; -1
+ * when either reading failed (its errno is not 0). */
+static int64_t anon_drop(int before_err, const mr_rss_sample *before, int after_err,
+                         const mr_rss_sample *after)
+{
+    if (before_err != 0 || after_err != 0) {
+        return -1;
+    }
+    return before->anon > after->anon ? before->anon - after->anon : 0;
+}
+
 /* parts[key] = bytes, or None when either reading failed. Returns -1 with an exception set. */
 static int set_part(PyObject *parts, const char *key, int before_err, const mr_rss_sample *before,
                     int after_err, const mr_rss_sample *after)
 {
-    int64_t bytes = -1;
     int rc;
-    PyObject *value;
-    if (before_err == 0 && after_err == 0) {
-        bytes = before->anon > after->anon ? before->anon - after->anon : 0;
-    }
-    value = mr_int_or_none(bytes);
+    PyObject *value = mr_int_or_none(anon_drop(before_err, before, after_err, after));
     if (value == NULL) {
         return -1;
     }
@@ -79,6 +86,7 @@ static int set_part(PyObject *parts, const char *key, int before_err, const mr_r
     Py_DECREF(value);
     return rc;
 }
+
 /* ---- transparent huge pages ------------------------------------------------------------------ */
 
 /* Process-wide, like the heap it is about: whether trim() marks the heap under THP "always"
@@ -194,20 +202,6 @@ static PyObject *core_set_thp_marking(PyObject *Py_UNUSED(module), PyObject *arg
     }
     return PyBool_FromLong(atomic_exchange(&thp_marking, arg == Py_True));
 }
-
-/* ---- trim ----------------------------------------------------------------------------------- */
-
-PyDoc_STRVAR(trim_doc,
-             "trim(*, pools=False, libraries=()) -> TrimResult\n\n"
-             "Give free memory back to the kernel with the live allocator's own call\n"
-             "(glibc malloc_trim(0), jemalloc arena purge, mimalloc mi_collect(true),\n"
-             "tcmalloc ReleaseFreeMemory; nothing for an unknown allocator, and then\n"
-             "TrimResult.reason says why). The GIL is released during that call. `libraries`\n"
-             "is a tuple of (name, release) pairs: each callable is called first, with the\n"
-             "GIL held, and what it gave back is parts[name] (memreclaim.trim() passes the\n"
-             "already-imported libraries' pools, such as pyarrow's). With pools=True, empty\n"
-             "pymalloc pools are given back too (needs memreclaim.enable_pool_reclaim()).\n"
-             "TrimResult.parts says what each allocator gave back.");
 
 /* ---- process totals ---------------------------------------------------------------------- */
 
@@ -385,6 +379,20 @@ static PyObject *core_record_trim(PyObject *Py_UNUSED(module), PyObject *const *
     Py_RETURN_NONE;
 }
 
+/* ---- trim ----------------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(trim_doc,
+             "trim(*, pools=False, libraries=()) -> TrimResult\n\n"
+             "Give free memory back to the kernel with the live allocator's own call\n"
+             "(glibc malloc_trim(0), jemalloc arena purge, mimalloc mi_collect(true),\n"
+             "tcmalloc ReleaseFreeMemory; nothing for an unknown allocator, and then\n"
+             "TrimResult.reason says why). The GIL is released during that call. `libraries`\n"
+             "is a tuple of (name, release) pairs: each callable is called first, with the\n"
+             "GIL held, and what it gave back is parts[name] (memreclaim.trim() passes the\n"
+             "already-imported libraries' pools, such as pyarrow's). With pools=True, empty\n"
+             "pymalloc pools are given back too (needs memreclaim.enable_pool_reclaim()).\n"
+             "TrimResult.parts says what each allocator gave back.");
+
 /* One trim() call: the readings around each release, and what the result reports. */
 typedef struct {
     mr_core_state *state;
@@ -400,10 +408,7 @@ typedef struct {
  * reading failed. */
 static int64_t run_released(const trim_run *run)
 {
-    if (run->before_err != 0 || run->after_err != 0) {
-        return -1;
-    }
-    return run->before.anon > run->after.anon ? run->before.anon - run->after.anon : 0;
+    return anon_drop(run->before_err, &run->before, run->after_err, &run->after);
 }
 
 /* Read statm now, set parts[key] to the drop since the mark, and move the mark here. The statm
