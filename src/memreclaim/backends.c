@@ -18,7 +18,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-/* ---- glibc ---------------------------------------------------------------------------------- */
+/* ---- glibc ----------------------------------------------------------------------------------- */
 
 static int glibc_trim(void)
 {
@@ -75,7 +75,7 @@ static int glibc_heap_stats(mr_heap_stats *out)
     return 0;
 }
 
-/* ---- jemalloc ------------------------------------------------------------------------------- */
+/* ---- jemalloc -------------------------------------------------------------------------------- */
 
 static int jemalloc_trim(void)
 {
@@ -124,7 +124,7 @@ static int jemalloc_heap_stats(mr_heap_stats *out)
     return 0;
 }
 
-/* ---- mimalloc ------------------------------------------------------------------------------- */
+/* ---- mimalloc -------------------------------------------------------------------------------- */
 
 /* mimalloc's option that holds how long freed memory waits before it is given back, in ms:
  * mi_option_decommit_delay in 1.7-2.0 (env MIMALLOC_RESET_DELAY / MIMALLOC_DECOMMIT_DELAY),
@@ -333,7 +333,7 @@ int mr_mimalloc_areas(mr_mi_areas *out)
     return out->truncated ? EOVERFLOW : 0;
 }
 
-/* ---- tcmalloc (gperftools) ------------------------------------------------------------------ */
+/* ---- tcmalloc (gperftools) ------------------------------------------------------------------- */
 
 static int tcmalloc_trim(void)
 {
@@ -375,7 +375,7 @@ static int tcmalloc_heap_stats(mr_heap_stats *out)
     return 0;
 }
 
-/* ---- the calling thread's share ------------------------------------------------------------ */
+/* ---- the calling thread's share -------------------------------------------------------------- */
 
 static bool is_main_thread(void)
 {
@@ -441,7 +441,7 @@ int mr_thread_collect(bool abandon, const char **method)
     return 0;
 }
 
-/* ---- none ----------------------------------------------------------------------------------- */
+/* ---- none ------------------------------------------------------------------------------------ */
 
 static int no_trim(void)
 {

@@ -32,7 +32,7 @@ static const mr_pools_capi *get_pools(mr_core_state *Py_UNUSED(state))
     return capi;
 }
 
-/* ---- allocators inside libraries ----------------------------------------------------------- */
+/* ---- allocators inside libraries ------------------------------------------------------------- */
 
 /* The `libraries` argument of trim(): a tuple of (name, release) pairs, each a str and a
  * callable, that the Python layer builds for the already-imported libraries whose own allocator
@@ -203,7 +203,7 @@ static PyObject *core_set_thp_marking(PyObject *Py_UNUSED(module), PyObject *arg
     return PyBool_FromLong(atomic_exchange(&thp_marking, arg == Py_True));
 }
 
-/* ---- process totals ---------------------------------------------------------------------- */
+/* ---- process totals -------------------------------------------------------------------------- */
 
 /* Upper bounds (seconds) of the trim-duration histogram; a last bucket holds the rest. */
 static const double seconds_bounds[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5};
@@ -379,7 +379,7 @@ static PyObject *core_record_trim(PyObject *Py_UNUSED(module), PyObject *const *
     Py_RETURN_NONE;
 }
 
-/* ---- trim ----------------------------------------------------------------------------------- */
+/* ---- trim ------------------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(trim_doc,
              "trim(*, pools=False, libraries=()) -> TrimResult\n\n"
@@ -570,7 +570,7 @@ done:
     return result;
 }
 
-/* ---- rss ------------------------------------------------------------------------------------ */
+/* ---- rss ------------------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(rss_doc,
              "rss() -> int\n\n"
@@ -589,7 +589,7 @@ static PyObject *core_rss(PyObject *module, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLongLong((long long)sample.resident);
 }
 
-/* ---- heap stats ----------------------------------------------------------------------------- */
+/* ---- heap stats ------------------------------------------------------------------------------ */
 
 static PyObject *build_heap_stats(mr_core_state *state)
 {
@@ -653,7 +653,7 @@ static PyObject *core_heap_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
     return build_heap_stats(mr_state(module));
 }
 
-/* ---- stats ---------------------------------------------------------------------------------- */
+/* ---- stats ----------------------------------------------------------------------------------- */
 
 /* (current, peak) traced by tracemalloc, or None for both when it is not tracing. */
 static int traced_memory(PyObject **current, PyObject **peak)
@@ -837,7 +837,7 @@ error:
     return NULL;
 }
 
-/* ---- method table ----------------------------------------------------------------------- */
+/* ---- method table ---------------------------------------------------------------------------- */
 
 PyMethodDef mr_heap_methods[] = {
     {"trim", (PyCFunction)(void (*)(void))core_trim, METH_VARARGS | METH_KEYWORDS, trim_doc},

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- another process's /proc ---------------------------------------------------------------- */
+/* ---- another process's /proc ----------------------------------------------------------------- */
 
 /* The pid argument of the process_* functions: a positive int. */
 static int parse_pid(PyObject *arg, int *pid)
@@ -390,7 +390,7 @@ static PyObject *core_thp_mark_heap(PyObject *Py_UNUSED(module), PyObject *Py_UN
     return mr_dict_of_ints(figures, sizeof(figures) / sizeof(figures[0]));
 }
 
-/* ---- method table ----------------------------------------------------------------------- */
+/* ---- method table ---------------------------------------------------------------------------- */
 
 PyMethodDef mr_inspect_methods[] = {
     {"process_status", core_process_status, METH_O, process_status_doc},

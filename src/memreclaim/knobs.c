@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- glibc knobs ---------------------------------------------------------------------------- */
+/* ---- glibc knobs ----------------------------------------------------------------------------- */
 
 static PyObject *set_mallopt(PyObject *module, PyObject *value, const char *function,
                              const char *name, int param, long long min, long long max)
@@ -104,7 +104,7 @@ static PyObject *core_malloc_info(PyObject *module, PyObject *Py_UNUSED(ignored)
     return result;
 }
 
-/* ---- purge delay and the calling thread's share (issue 22) ---------------------------------- */
+/* ---- purge delay and the calling thread's share (issue 22) ----------------------------------- */
 
 PyDoc_STRVAR(set_purge_delay_doc,
              "set_purge_delay(milliseconds, /) -> int\n\n"
@@ -235,7 +235,7 @@ static PyObject *core_collect_thread(PyObject *module, PyObject *args, PyObject 
     return result;
 }
 
-/* ---- method table ----------------------------------------------------------------------- */
+/* ---- method table ---------------------------------------------------------------------------- */
 
 PyMethodDef mr_knobs_methods[] = {
     {"pin_mmap_threshold", core_pin_mmap_threshold, METH_O, pin_mmap_threshold_doc},

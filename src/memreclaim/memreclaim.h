@@ -1,16 +1,26 @@
-/* Shared declarations of the memreclaim C core.
+/* Shared declarations of the memreclaim C core (the extension memreclaim._core), one section per
+ * file (see docs/architecture.md):
  *
- * Layers (see docs/architecture.md):
- *   _core.c   module glue: method table, module state, result types, argument checks
- *   procfs.c  RSS readers: /proc/self/statm through a kept descriptor (fork-aware), and
- *             /proc/PID/status, smaps_rollup and the [heap] line of maps (pid 0: self); the
- *             transparent-huge-page settings under /sys/kernel/mm/transparent_hugepage
- *   thp.c     marks the allocators' heap mappings MADV_NOHUGEPAGE after a trim (THP=always)
- *   alloc.c   allocator detection and one backend per allocator behind a table of function
- *             pointers
+ *   pure C, no Python objects: raw numbers (bytes) and errno values, callable with the GIL
+ *   released unless a declaration says otherwise
+ *     procfs.c    every /proc and sysfs reader: /proc/self/statm through a kept descriptor
+ *                 (fork-aware), /proc/PID/status, smaps_rollup, the lines and fields of maps (pid
+ *                 0: self); the transparent-huge-page settings under
+ *                 /sys/kernel/mm/transparent_hugepage
+ *     thp.c       which maps ranges are the allocators' heaps; marks them MADV_NOHUGEPAGE after a
+ *                 trim (THP=always)
+ *     detect.c    which loaded object serves malloc, and the one symbol rule (mr_alloc_symbol)
+ *     backends.c  one backend per allocator (trim, stats, the thread's share, knobs) behind a
+ *                 table of function pointers
+ *   Python glue: call with the GIL held (an attached thread state) unless a declaration says
+ *   otherwise; each returns NULL or -1 with an exception set on failure
+ *     module.c    module state, result types, method tables, multi-phase init, shared helpers
+ *     heap.c      trim (and the process totals it keeps), rss, stats, heap_stats
+ *     inspect.c   process_*, the mimalloc heap walk, the THP readers' entry points
+ *     knobs.c     glibc's mallopt knobs and malloc_info, mimalloc's purge delay, collect_thread
  *
- * procfs.c and alloc.c never touch Python objects: they return raw numbers (bytes) and errno
- * values, so they may run with the GIL released. Only _core.c speaks Python.
+ * The pool reclaim of memreclaim._pools (_pools*.c) is its own extension, reached through a
+ * capsule (the last section).
  */
 #ifndef MEMRECLAIM_H
 #define MEMRECLAIM_H
@@ -22,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- capability macros ---------------------------------------------------------------------- */
+/* ---- capability macros ----------------------------------------------------------------------- */
 
 /* glibc's mallopt() parameter numbers (malloc.h); defined here so the build does not depend on
  * the header of the C library it happens to be built against. */
@@ -37,7 +47,7 @@
 /* jemalloc: MALLCTL_ARENAS_ALL is 4096, so this purges every arena. */
 #define MR_JEMALLOC_PURGE_ALL "arena.4096.purge"
 
-/* ---- procfs.c ------------------------------------------------------------------------------- */
+/* ---- procfs.c: pure C, GIL released or held -------------------------------------------------- */
 
 /* A kept descriptor on /proc/self/statm. The descriptor names the process that opened it, so it
  * is reopened when the fork generation changes (a child must read its own figures). The program
@@ -153,6 +163,8 @@ int64_t mr_thp_pmd_size(void);
 /* "always", "madvise", "never", "other"; NULL for MR_THP_NONE. */
 const char *mr_thp_mode_name(mr_thp_mode mode);
 
+/* ---- thp.c: pure C, no allocation; GIL released ---------------------------------------------- */
+
 /* Called with each heap range [start, end) chosen; returns 0 to go on or an errno to stop. */
 typedef int (*mr_range_fn)(void *ctx, uint64_t start, uint64_t end);
 /* Walk maps_path (NULL: /proc/self/maps) and call fn on each range of the allocators' heaps:
@@ -173,7 +185,7 @@ typedef struct {
  * call with the GIL released. Returns 0 or an errno (out says what was marked before it). */
 int mr_thp_mark_heap(mr_thp_marked *out);
 
-/* ---- detect.c and backends.c: the allocator ------------------------------------------------ */
+/* ---- detect.c and backends.c: the allocator's types (pure C) --------------------------------- */
 
 typedef enum {
     MR_ALLOC_UNKNOWN = 0,
@@ -211,9 +223,6 @@ typedef struct mr_backend {
      * backend needs for the process (mimalloc: fork handlers for its option lock). Pure C. */
     void (*detected)(char *version, size_t size);
 } mr_backend;
-
-/* backends.c: the backends, indexed by mr_alloc_kind. */
-extern const mr_backend mr_backends[];
 
 /* glibc's struct mallinfo2 (2.33+) and struct mallinfo, declared here so that the build does not
  * depend on the C library's headers. */
@@ -261,6 +270,8 @@ typedef struct {
     void (*tc_mark_thread_idle)(void);
 } mr_alloc_syms;
 
+/* ---- detect.c: which object serves malloc; pure C, GIL released or held ---------------------- */
+
 extern mr_alloc_syms mr_sym;
 
 /* Resolve the optional symbols (once per process; idempotent and thread-safe) and return the
@@ -283,6 +294,11 @@ const char *mr_backend_version(void);
 const char *mr_backend_via(void);
 /* Why memreclaim cannot act on the allocator (the backend is "unknown"), else NULL. */
 const char *mr_backend_reason(void);
+
+/* ---- backends.c: one backend per allocator; pure C, GIL released or held --------------------- */
+
+/* The backends, indexed by mr_alloc_kind. */
+extern const mr_backend mr_backends[];
 
 /* mimalloc: the in-use bytes of the calling thread's heap, page by page (mi_heap_visit_blocks
  * over mi_heap_get_backing(), both optional: 3.6 no longer exports the latter). */
@@ -323,7 +339,7 @@ int mr_glibc_mallopt(int param, int value);
  * free(). Pure C: call with the GIL released. Returns 0 or an errno. */
 int mr_glibc_malloc_info(char **text, size_t *size);
 
-/* ---- module.c: the module's state and the Python glue its files share ---------------------
+/* ---- module.c: the module's state and the Python glue its files share ------------------------
  *
  * Everything below speaks Python: call it with the GIL held (an attached thread state), except
  * where a function says otherwise. Each returns NULL or -1 with an exception set on failure. */
@@ -376,19 +392,28 @@ int mr_parse_flag(PyObject *value, const char *name, int *out);
 int mr_parse_bounded_int(PyObject *value, const char *name, long long min, long long max,
                          long long *out);
 
-/* heap.c: the process totals of trim() (TrimTotals). A trim that gives back less than this many
+/* ---- heap.c: trim (and its process totals), rss, stats, heap_stats; GIL held ----------------- */
+
+extern PyMethodDef mr_heap_methods[];
+
+/* The process totals of trim() (TrimTotals). A trim that gives back less than this many
  * bytes, or an unknown amount, is unproductive. */
 #define MR_UNPRODUCTIVE_BELOW ((int64_t)1 << 20)
-/* Register the fork handlers that reset the totals in a child (once per process; any thread,
- * GIL or not). 0 or the errno of pthread_atfork. */
+/* Register the fork handlers that reset the totals in a child (once per process; pure C, any
+ * thread, GIL or not). 0 or the errno of pthread_atfork. */
 int mr_totals_init(void);
 /* Add SECONDS_BUCKETS (tuple of the histogram's bounds) and UNPRODUCTIVE_BELOW to the module. */
 int mr_totals_add_constants(PyObject *module);
 
-/* The functions each file adds to the module (module.c's exec adds them). */
-extern PyMethodDef mr_heap_methods[];    /* heap.c */
-extern PyMethodDef mr_inspect_methods[]; /* inspect.c */
-extern PyMethodDef mr_knobs_methods[];   /* knobs.c */
+/* ---- inspect.c: process_*, mimalloc_areas, the THP readers; GIL held ------------------------- */
+
+/* Its functions (module.c's exec adds each file's table to the module). Each releases the GIL
+ * around its /proc read, heap walk or madvise only. */
+extern PyMethodDef mr_inspect_methods[];
+
+/* ---- knobs.c: mallopt, malloc_info, set_purge_delay, collect_thread; GIL held ---------------- */
+
+extern PyMethodDef mr_knobs_methods[];
 
 /* ---- pool reclaim (memreclaim._pools), reached through a capsule ----------------------------- */
 

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- result types --------------------------------------------------------------------------- */
+/* ---- result types ---------------------------------------------------------------------------- */
 
 static PyStructSequence_Field trim_result_fields[] = {
     {"released", "bytes given back: anonymous RSS before minus after, never negative "
@@ -123,8 +123,7 @@ static PyStructSequence_Desc heap_stats_desc = {
     5,
 };
 
-/* ---- shared Python glue (declared in memreclaim.h)
- * -------------------------------------------------------------------------------- */
+/* ---- shared Python glue (declared in memreclaim.h) ------------------------------------------- */
 
 PyObject *mr_int_or_none(int64_t value)
 {
@@ -283,7 +282,7 @@ PyObject *mr_dict_of_ints(const mr_named_int *items, size_t count)
     return dict;
 }
 
-/* ---- allocator ------------------------------------------------------------------------------ */
+/* ---- allocator ------------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(allocator_doc, "allocator() -> str\n\n"
                             "Which allocator serves malloc in this process: 'glibc', 'jemalloc',\n"
@@ -309,7 +308,7 @@ static PyObject *core_allocator_version(PyObject *Py_UNUSED(module), PyObject *P
     return PyUnicode_FromString(version);
 }
 
-/* ---- module --------------------------------------------------------------------------------- */
+/* ---- module ---------------------------------------------------------------------------------- */
 
 static PyMethodDef core_methods[] = {
     {"allocator", core_allocator, METH_NOARGS, allocator_doc},
@@ -416,14 +415,15 @@ static PyModuleDef_Slot core_slots[] = {
  * defined while the values stay hidden where they were added (3.12, 3.13). */
 #ifdef Py_MOD_PER_INTERPRETER_GIL_SUPPORTED
     /* Each interpreter gets its own module state (no static PyObject*, no static type); the
-     * process-wide parts (the detected backend, the fork generation, the statm lock) are C data
-     * set once under pthread_once or guarded by their own lock. */
+     * process-wide parts (the detected backend, the fork generation, the statm lock, the trim
+     * totals) are C data set once under pthread_once or guarded by their own lock. */
     {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
 #endif
 #ifdef Py_MOD_GIL_NOT_USED
     /* Nothing here relies on the GIL: the module state is read-only after exec, the kept statm
-     * descriptor is locked in procfs.c, the pools capsule is looked up per call, and alloc.c
-     * detects once under pthread_once. tools/freethreaded_build.sh checks this slot. */
+     * descriptor is locked in procfs.c and the process totals in heap.c, the pools capsule is
+     * looked up per call, and detect.c detects once under pthread_once. tools/freethreaded_build.sh
+     * checks this slot. */
     {Py_mod_gil, Py_MOD_GIL_NOT_USED},
 #endif
     {0, NULL},

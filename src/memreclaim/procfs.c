@@ -394,8 +394,7 @@ int mr_rollup_read(int pid, mr_rollup *out)
     return out->pss < 0 ? EIO : 0;
 }
 
-/* ---- /proc/PID/maps: lines and their fields ---------------------------------------------------
- */
+/* ---- /proc/PID/maps: lines and their fields -------------------------------------------------- */
 
 int mr_lines_read(int fd, char *buf, size_t size, mr_line_fn fn, void *ctx)
 {
