@@ -102,15 +102,15 @@ MUTANTS = [
     Mutant(
         "accounting-released-overwritten",
         PKG + "heap.c",
-        "totals.released += released;",
-        "totals.released = released;",
+        "account.released += released;",
+        "account.released = released;",
         (SEMANTICS,),
     ),
     Mutant(
         "accounting-seconds-overwritten",
         PKG + "heap.c",
-        "totals.seconds += seconds;",
-        "totals.seconds = seconds;",
+        "account.seconds += seconds;",
+        "account.seconds = seconds;",
         (SEMANTICS,),
     ),
     Mutant(
@@ -123,7 +123,7 @@ MUTANTS = [
     Mutant(
         "accounting-not-reset-in-fork-child",
         PKG + "heap.c",
-        "    memset(&totals, 0, sizeof(totals));\n",
+        "    memset(&account, 0, sizeof(account));\n",
         "",
         (SEMANTICS,),
     ),

@@ -218,7 +218,7 @@ static struct {
     long long trims, unproductive, released;
     double seconds;
     long long buckets[MR_NBOUNDS + 1];
-} totals;
+} account;
 static pthread_mutex_t totals_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t totals_once = PTHREAD_ONCE_INIT;
 static int totals_once_err;
@@ -235,7 +235,7 @@ static void totals_after_fork_in_parent(void)
 
 static void totals_after_fork_in_child(void)
 {
-    memset(&totals, 0, sizeof(totals));
+    memset(&account, 0, sizeof(account));
     (void)pthread_mutex_unlock(&totals_lock);
 }
 
@@ -259,14 +259,14 @@ static void totals_add(int64_t released, double seconds)
         slot++;
     }
     (void)pthread_mutex_lock(&totals_lock);
-    totals.trims++;
-    totals.seconds += seconds;
-    totals.buckets[slot]++;
+    account.trims++;
+    account.seconds += seconds;
+    account.buckets[slot]++;
     if (released < MR_UNPRODUCTIVE_BELOW) {
-        totals.unproductive++;
+        account.unproductive++;
     }
     if (released > 0) {
-        totals.released += released;
+        account.released += released;
     }
     (void)pthread_mutex_unlock(&totals_lock);
 }
@@ -313,11 +313,11 @@ static PyObject *core_totals(PyObject *module, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     (void)pthread_mutex_lock(&totals_lock);
-    counts[0] = totals.trims;
-    counts[1] = totals.unproductive;
-    counts[2] = totals.released;
-    seconds = totals.seconds;
-    memcpy(copy, totals.buckets, sizeof(copy));
+    counts[0] = account.trims;
+    counts[1] = account.unproductive;
+    counts[2] = account.released;
+    seconds = account.seconds;
+    memcpy(copy, account.buckets, sizeof(copy));
     (void)pthread_mutex_unlock(&totals_lock);
     PyStructSequence_SetItem(result, 4, buckets); /* filled below: the result owns it */
     for (Py_ssize_t i = 0; i < 3; i++) {
