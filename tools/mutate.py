@@ -159,8 +159,8 @@ MUTANTS = [
     Mutant(
         "stats-peak-is-current",
         PKG + "procfs.c",
-        '{"VmHWM:", 6, offsetof(mr_status, peak_rss), 1024},',
-        '{"VmRSS:", 6, offsetof(mr_status, peak_rss), 1024},',
+        'KB_FIELD("VmHWM:", mr_status, peak_rss),',
+        'KB_FIELD("VmRSS:", mr_status, peak_rss),',
         (SEMANTICS, "tests/test_core.py"),
     ),
     # --- heap_stats() on glibc

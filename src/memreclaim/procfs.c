@@ -327,31 +327,46 @@ static void parse_fields(const char *buf, size_t used, const field_key *keys, si
     }
 }
 
+/* A field_key for "Key:" (with its colon) and member of struct type: in bytes (the kernel's kB are
+ * KiB), or a count. */
+#define KB_FIELD(key, type, member) {key, sizeof(key) - 1, offsetof(type, member), 1024}
+#define COUNT_FIELD(key, type, member) {key, sizeof(key) - 1, offsetof(type, member), 1}
+
+/* Read /proc/PID/name into buf[0:size] (*used bytes) and set each field of `keys` in out from it,
+ * -1 where the file has none (or could not be read). 0 or an errno. */
+static int proc_read_fields(int pid, const char *name, char *buf, size_t size, size_t *used,
+                            const field_key *keys, size_t nkeys, void *out)
+{
+    int err;
+    for (size_t i = 0; i < nkeys; i++) {
+        *(int64_t *)(void *)((char *)out + keys[i].offset) = -1;
+    }
+    err = proc_read_small(pid, name, buf, size, used);
+    if (err == 0) {
+        parse_fields(buf, *used, keys, nkeys, out);
+    }
+    return err;
+}
+
 /* The fields we take from /proc/PID/status, in the order of mr_status. */
 static const field_key status_keys[] = {
-    {"VmRSS:", 6, offsetof(mr_status, rss), 1024},
-    {"RssAnon:", 8, offsetof(mr_status, rss_anon), 1024},
-    {"RssFile:", 8, offsetof(mr_status, rss_file), 1024},
-    {"RssShmem:", 9, offsetof(mr_status, rss_shmem), 1024},
-    {"VmHWM:", 6, offsetof(mr_status, peak_rss), 1024},
-    {"VmSwap:", 7, offsetof(mr_status, swap), 1024},
-    {"VmSize:", 7, offsetof(mr_status, virtual_size), 1024},
-    {"Threads:", 8, offsetof(mr_status, threads), 1},
+    KB_FIELD("VmRSS:", mr_status, rss),           KB_FIELD("RssAnon:", mr_status, rss_anon),
+    KB_FIELD("RssFile:", mr_status, rss_file),    KB_FIELD("RssShmem:", mr_status, rss_shmem),
+    KB_FIELD("VmHWM:", mr_status, peak_rss),      KB_FIELD("VmSwap:", mr_status, swap),
+    KB_FIELD("VmSize:", mr_status, virtual_size), COUNT_FIELD("Threads:", mr_status, threads),
 };
 
 int mr_status_read(int pid, mr_status *out)
 {
     char buf[8192]; /* the fields come first; a long Groups: line must not push Threads: out */
     size_t used;
+    int err = proc_read_fields(pid, "status", buf, sizeof(buf), &used, status_keys,
+                               sizeof(status_keys) / sizeof(status_keys[0]), out);
 
-    out->rss = out->rss_anon = out->rss_file = out->rss_shmem = out->peak_rss = out->swap = -1;
-    out->virtual_size = out->threads = -1;
     out->name[0] = '\0';
-    int err = proc_read_small(pid, "status", buf, sizeof(buf), &used);
     if (err != 0) {
         return err;
     }
-    parse_fields(buf, used, status_keys, sizeof(status_keys) / sizeof(status_keys[0]), out);
     if (used > 5 && memcmp(buf, "Name:", 5) == 0) { /* always the first line */
         const char *p = buf + 5;
         const char *eol = memchr(p, '\n', used - 5);
@@ -373,24 +388,23 @@ int mr_status_read(int pid, mr_status *out)
 }
 
 static const field_key rollup_keys[] = {
-    {"Pss:", 4, offsetof(mr_rollup, pss), 1024},
-    {"Private_Dirty:", 14, offsetof(mr_rollup, private_dirty), 1024},
-    {"Shared_Clean:", 13, offsetof(mr_rollup, shared_clean), 1024},
-    {"Anonymous:", 10, offsetof(mr_rollup, anonymous), 1024},
-    {"AnonHugePages:", 14, offsetof(mr_rollup, anon_huge_pages), 1024},
+    KB_FIELD("Pss:", mr_rollup, pss),
+    KB_FIELD("Private_Dirty:", mr_rollup, private_dirty),
+    KB_FIELD("Shared_Clean:", mr_rollup, shared_clean),
+    KB_FIELD("Anonymous:", mr_rollup, anonymous),
+    KB_FIELD("AnonHugePages:", mr_rollup, anon_huge_pages),
 };
 
 int mr_rollup_read(int pid, mr_rollup *out)
 {
     char buf[4096]; /* about 1 KiB: a header line and some 20 fields */
     size_t used;
+    int err = proc_read_fields(pid, "smaps_rollup", buf, sizeof(buf), &used, rollup_keys,
+                               sizeof(rollup_keys) / sizeof(rollup_keys[0]), out);
 
-    out->pss = out->private_dirty = out->shared_clean = out->anonymous = out->anon_huge_pages = -1;
-    int err = proc_read_small(pid, "smaps_rollup", buf, sizeof(buf), &used);
     if (err != 0) {
         return err;
     }
-    parse_fields(buf, used, rollup_keys, sizeof(rollup_keys) / sizeof(rollup_keys[0]), out);
     return out->pss < 0 ? EIO : 0;
 }
 
