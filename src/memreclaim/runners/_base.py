@@ -39,9 +39,9 @@ from typing import Any, Literal
 
 import memreclaim
 
-from .. import _core, _libraries, _validate
+from .. import _core, _libraries, _validate, glibc
 from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
-from .._limits import UsageAlarm, usage_alarm
+from ..memlimits import UsageAlarm, usage_alarm
 from ..policy import Decision, PacingPolicy
 from ..units import format_bytes
 
@@ -55,13 +55,6 @@ Gate = Literal["idle", "deadline", "ungated", "thread", "hook"]
 # The longest interval a runner accepts: a thread waiting longer than this on an Event fails
 # with OverflowError (threading.TIMEOUT_MAX), and nobody means a trimmer that never ticks.
 MAX_INTERVAL = 3600.0
-
-# glibc trim threshold set for threaded servers (see the module docstring).
-THREAD_TRIM_THRESHOLD = 128 * 1024
-
-# A free of a chunk this big (>= glibc's FASTBIN_CONSOLIDATION_THRESHOLD, 64 KiB, and under
-# any mmap threshold, >= 128 KiB) in a thread's arena makes glibc trim that arena's top.
-_NUDGE_BYTES = 96 * 1024
 
 # One lock for every runner of the process: two trims at once would walk the same arenas twice.
 _TRIM_LOCK = threading.Lock()
@@ -163,12 +156,12 @@ def _fix_thread_thresholds(reason: str) -> bool:
         return False
     if memreclaim.allocator() == "glibc":
         _thresholds_set = True
-        memreclaim.set_trim_threshold(THREAD_TRIM_THRESHOLD)
+        threshold = glibc.fix_thread_trim_threshold()
         logger.info(
             "memreclaim: set glibc's trim threshold to %s (%s): malloc_trim cannot shrink the"
             " tops of thread arenas; a free at a top now gives it back (it does not undo a top"
             " kept already: those go back with the next such free in that arena)",
-            format_bytes(THREAD_TRIM_THRESHOLD),
+            format_bytes(threshold),
             reason,
         )
         return True
@@ -184,19 +177,6 @@ def _fix_thread_thresholds(reason: str) -> bool:
         )
         return True
     return False
-
-
-def _arenas_retaining(slack: int) -> tuple[int, int] | None:
-    """(thread arenas, bytes they map) when two or more thread arenas map more than slack."""
-    if memreclaim.allocator() != "glibc":
-        return None
-    from ..glibc import arenas
-
-    others = [arena for arena in arenas() if arena.nr != 0]
-    mapped = sum(arena.mapped for arena in others)
-    if len(others) >= 2 and mapped > slack:
-        return len(others), mapped
-    return None
 
 
 # ---- reporting ------------------------------------------------------------------------------
@@ -514,7 +494,7 @@ class _Runner:
             )
             return
         try:
-            found = _arenas_retaining(slack)
+            found = glibc.arenas_retaining(slack)
         except Exception:  # malloc_info unreadable: nothing to learn, say it once
             logger.debug("memreclaim: could not read malloc_info", exc_info=True)
             return
@@ -538,8 +518,7 @@ class _Runner:
             slack = self._policy.slack
         if floor is not None and level is not None and level - floor > slack:
             if memreclaim.allocator() == "glibc":
-                block = bytearray(_NUDGE_BYTES)
-                del block
+                glibc.nudge_arena()
             else:  # mimalloc 2: this thread's share (its queued pages), handed over
                 _core.collect_thread(abandon=True)
 
@@ -557,7 +536,7 @@ class _Runner:
         """The kernel notification the thread also sleeps on while running, or None.
 
         With a soft limit (``policy.limit``) in a cgroup v1, a running runner has registered a
-        :class:`memreclaim._limits.UsageAlarm` at the limit's mark: it wakes when the cgroup's
+        :class:`memreclaim.memlimits.UsageAlarm` at the limit's mark: it wakes when the cgroup's
         usage crosses it, within about a MiB of allocation, not at its next tick. Where none
         can be registered (cgroup v2, no limit, no permission) it only ticks, faster near the
         limit (:meth:`PacingPolicy.tick_interval`); the reason is logged at DEBUG level.

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from .. import _validate
-from .._limits import _cgroup_dirs, _mounts, _read
+from ..memlimits import _read, cgroup_dirs, read_counters
 from ._base import DaemonThread
 
 __all__ = ["PressureEvent", "PressureSource", "PressureWatcher", "find_sources"]
@@ -77,14 +77,9 @@ def find_sources(root: str = "/") -> tuple[str | None, str | None]:
     The cgroup v2 ``memory.pressure`` is preferred to the system-wide ``/proc/pressure/memory``;
     ``root`` prefixes every path (for tests on a fixture tree).
     """
+    dirs = cgroup_dirs(root)
     root = os.fspath(root)
-    cgroup_dir = None
-    text = _read(os.path.join(root, "proc/self/cgroup")) or ""
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            mount = next((m for m in _mounts(root) if m[0] == "cgroup2"), None)
-            if mount is not None:
-                cgroup_dir = _cgroup_dirs(root, mount[1], mount[2], line[3:])[0]
+    cgroup_dir = dirs.v2[0] if dirs.v2 else None
     psi = None
     events = None
     if cgroup_dir is not None:
@@ -106,15 +101,6 @@ def _psi_total(text: str | None, kind: str) -> int | None:
                     with contextlib.suppress(ValueError):
                         return int(part[6:])
     return None
-
-
-def _counters(text: str | None) -> dict[str, int]:
-    result = {}
-    for line in (text or "").splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            result[parts[0]] = int(parts[1])
-    return result
 
 
 def _default_callback(event: PressureEvent) -> None:
@@ -332,7 +318,7 @@ class PressureWatcher:
                 self._notes.append(f"{path}: cannot open ({exc.strerror}); not watched")
             else:
                 src = _Source("memory.events", path, fd, "poll", None)
-                src.counters = _counters(_pread(fd))
+                src.counters = read_counters(_pread(fd))
                 opened.append(src)
                 sources.append(PressureSource("memory.events", path, "trigger"))
         self._sources = tuple(sources)
@@ -393,7 +379,7 @@ class PressureWatcher:
         if src.kind == "memory.events":
             # A counter missing from a read (a failed or empty one: a file being rewritten) keeps
             # its last value; taken as 0 it would count everything since boot again next time.
-            counters = {**src.counters, **_counters(_pread(src.fd))}
+            counters = {**src.counters, **read_counters(_pread(src.fd))}
             grew = {
                 k: counters[k] - src.counters.get(k, 0)
                 for k in _EVENT_COUNTERS
