@@ -41,7 +41,7 @@ import memreclaim
 
 from .. import _core, _libraries, _validate, glibc
 from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
-from ..memlimits import UsageAlarm, usage_alarm
+from ..memlimits import UsageAlarm, auto_limit, usage_alarm
 from ..policy import Decision, PacingPolicy
 from ..units import format_bytes
 
@@ -261,6 +261,37 @@ class Counters:
     """RSS read at the last tick (bytes)."""
 
 
+def _make_policy(
+    policy: PacingPolicy | None,
+    slack: int | str | None,
+    min_interval: float | None,
+    limit: int | str | None,
+) -> PacingPolicy:
+    """The runner's policy: ``policy`` itself, or one built from the shortcuts.
+
+    ``limit="auto"`` (the runners' default) is resolved here, not in the policy: the cgroup's
+    soft limit (:func:`memreclaim.memlimits.auto_limit`), or None; ``limit=None`` is no limit.
+    """
+    shortcuts: dict[str, object] = {
+        key: value
+        for key, value in (("slack", slack), ("min_interval", min_interval))
+        if value is not None
+    }
+    if not (isinstance(limit, str) and limit == "auto"):
+        shortcuts["limit"] = limit
+    if policy is not None:
+        _validate.instance("policy", policy, PacingPolicy)
+        if shortcuts:
+            raise TypeError(
+                f"pass either policy= or {', '.join(sorted(shortcuts))}=, not both"
+                " (set them on the PacingPolicy)"
+            )
+        return policy
+    if "limit" not in shortcuts:
+        shortcuts["limit"] = auto_limit()
+    return PacingPolicy(**shortcuts)  # type: ignore[arg-type]
+
+
 class _Runner:
     """Signals, trimming and reporting shared by Watchdog and BackgroundTrimmer."""
 
@@ -280,20 +311,7 @@ class _Runner:
         name: str,
     ) -> None:
         self._interval = _validate.seconds("interval", interval, maximum=MAX_INTERVAL)
-        shortcuts = {
-            key: value
-            for key, value in (("slack", slack), ("min_interval", min_interval), ("limit", limit))
-            if value is not None
-        }
-        if policy is not None:
-            self._policy = _validate.instance("policy", policy, PacingPolicy)
-            if shortcuts:
-                raise TypeError(
-                    f"pass either policy= or {', '.join(sorted(shortcuts))}=, not both"
-                    " (set them on the PacingPolicy)"
-                )
-        else:
-            self._policy = PacingPolicy(**shortcuts)  # type: ignore[arg-type]
+        self._policy = _make_policy(policy, slack, min_interval, limit)
         if thresholds is not None:
             _validate.flag("thresholds", thresholds)
         self._thresholds = thresholds

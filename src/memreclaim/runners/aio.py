@@ -18,7 +18,7 @@ from types import TracebackType
 
 from .. import _validate
 from .._core import TrimResult
-from .._limits import UsageAlarm
+from ..memlimits import UsageAlarm
 from ..policy import PacingPolicy
 from ._base import MAX_INTERVAL, Gate, TrimEvent, _instances, _Runner, logger
 
@@ -68,9 +68,11 @@ class Watchdog(_Runner):
     Use it as ``async with Watchdog(...)``, with ``start()`` / ``await stop()``, or as a task:
     ``asyncio.create_task(watchdog.run())``. Configure the pacing with ``policy=`` (a
     :class:`PacingPolicy`, one per runner: it holds the runner's state), or with the shortcuts
-    ``slack=``, ``min_interval=`` and ``limit=``, which build one. ``on_trim`` is called, on
-    the loop thread, with a :class:`TrimEvent` after every trim; an exception in it is logged
-    and counted.
+    ``slack=``, ``min_interval=`` and ``limit=``, which build one (``limit``: a soft limit in
+    bytes or a size string; ``"auto"``, the default: the cgroup's, from
+    :func:`memreclaim.memlimits.auto_limit`, or none where there is none; None: no limit).
+    ``on_trim`` is called, on the loop thread, with a :class:`TrimEvent` after every trim; an
+    exception in it is logged and counted.
 
     Raises:
         TypeError, ValueError: for a wrong type or out-of-range argument, naming it.
@@ -85,7 +87,7 @@ class Watchdog(_Runner):
         policy: PacingPolicy | None = None,
         slack: int | str | None = None,
         min_interval: float | None = None,
-        limit: int | str | None = None,
+        limit: int | str | None = "auto",
         thresholds: bool | None = None,
         idle_gating: bool = True,
         busy_lag: float = 0.005,

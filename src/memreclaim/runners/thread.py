@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from .. import _validate
-from .._limits import UsageAlarm
+from ..memlimits import UsageAlarm
 from ..policy import PacingPolicy
 from ._base import DaemonThread, Gate, TrimEvent, _instances, _Runner, logger
 
@@ -31,6 +31,11 @@ class BackgroundTrimmer(_Runner):
     arena lock). Hooks at the end of a request or task call :meth:`tick` (in the worker thread)
     and report requests with :meth:`request_started` / :meth:`request_finished`, so that the
     policy trims when the burst is over, not in the middle of it.
+
+    Configure it as a :class:`Watchdog`: ``policy=``, or the shortcuts ``slack=``,
+    ``min_interval=`` and ``limit=`` (a soft limit in bytes or a size string; ``"auto"``, the
+    default: the cgroup's, from :func:`memreclaim.memlimits.auto_limit`, or none where there is
+    none; None: no limit).
 
     Use ``start()`` / ``stop()`` or ``with BackgroundTrimmer(...):``. Fork-safe: in a forked
     child the trimmer is marked not running (its thread does not exist there) and can be started
@@ -50,7 +55,7 @@ class BackgroundTrimmer(_Runner):
         policy: PacingPolicy | None = None,
         slack: int | str | None = None,
         min_interval: float | None = None,
-        limit: int | str | None = None,
+        limit: int | str | None = "auto",
         thresholds: bool | None = None,
         pools: bool = False,
         on_trim: Callable[[TrimEvent], object] | None = None,
