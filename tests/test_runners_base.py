@@ -85,16 +85,19 @@ def test_a_failing_setup_starts_nothing() -> None:
 def test_wake_is_called_by_stop_and_stop_from_the_thread_only_asks() -> None:
     woken = threading.Event()
     asked: list[bool] = []
+    has_asked = threading.Event()
     worker = DaemonThread("Test", "t-self", wake=woken.set)
 
     def setup(stop_event: threading.Event) -> tuple[Callable[[], object], None]:
         def target() -> None:
             asked.append(worker.stop(timeout=1))  # from the thread itself: no self-join
-            woken.wait(60)
+            has_asked.set()
+            stop_event.wait(60)  # set by its own stop(): returns at once
 
         return target, None
 
     worker.start(setup)
+    assert has_asked.wait(60), "the thread's own stop() did not return"
     assert worker.stop(timeout=30) is True
     assert asked == [False] and woken.is_set()
 

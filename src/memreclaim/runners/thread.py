@@ -86,6 +86,11 @@ class BackgroundTrimmer(_Runner):
         """The trimmer thread, or None when not running."""
         return self._worker.thread
 
+    @property
+    def _thread(self) -> threading.Thread | None:
+        # The last thread started, alive or not (tests join it; DaemonThread owns it).
+        return self._worker._thread
+
     def start(self) -> None:
         """Take the floor now and start the trimmer thread.
 
