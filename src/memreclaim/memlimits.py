@@ -357,6 +357,16 @@ def auto_limit(refresh: bool = False) -> int | None:
     return min(present) if present else None
 
 
+def _eventfd_poke(fd: int) -> None:
+    """Add 1 to the eventfd ``fd`` (readable now); no-op for -1 (closed) or a full counter."""
+    if fd >= 0:
+        try:
+            os.eventfd_write(fd, 1)
+        except OSError as exc:  # the counter is full: a wake-up is pending anyway
+            if exc.errno != errno.EAGAIN:
+                raise
+
+
 class UsageAlarm:
     """A kernel notification when a cgroup v1 memory cgroup's usage crosses ``threshold`` bytes.
 
@@ -432,12 +442,7 @@ class UsageAlarm:
     def poke(self) -> None:
         """Make :meth:`wait` return now (a stopping runner wakes its thread); no-op once closed."""
         with self._lock:
-            if self._efd >= 0:
-                try:
-                    os.eventfd_write(self._efd, 1)
-                except OSError as exc:  # the counter is full: a wake-up is pending anyway
-                    if exc.errno != errno.EAGAIN:
-                        raise
+            _eventfd_poke(self._efd)
 
     def close(self) -> None:
         """Unregister (close the eventfd); idempotent."""

@@ -33,19 +33,21 @@ import threading
 import time
 import tracemalloc
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import TracebackType
+from typing import Any, Literal, Self
 
 import memreclaim
 
 from .. import _core, _libraries, _validate, glibc
 from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
-from ..memlimits import UsageAlarm, auto_limit, usage_alarm
+from ..memlimits import UsageAlarm, auto_limit
 from ..policy import Decision, PacingPolicy
 from ..units import format_bytes
+from .wakeups import WAKE_KINDS, UsageAlarmSource, Wake, Wakeups, open_source
 
-__all__ = ["Counters", "DaemonThread", "Gate", "TrimEvent"]
+__all__ = ["Counters", "DaemonThread", "Gate", "StartStop", "TrimEvent"]
 
 logger = logging.getLogger("memreclaim")
 
@@ -261,6 +263,23 @@ class Counters:
     """RSS read at the last tick (bytes)."""
 
 
+DEFAULT_WAKE_ON = ("usage-alarm", "systemd")
+"""The runners' default wake-up sources: the cgroup v1 usage alarm at a soft limit's mark, and
+systemd's memory-pressure protocol when the unit sets ``$MEMORY_PRESSURE_WATCH``."""
+
+
+def _wake_kinds(wake_on: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(wake_on, str) or not isinstance(wake_on, Iterable):
+        raise TypeError(
+            f"wake_on must be an iterable of source kinds, not {type(wake_on).__name__}"
+        )
+    kinds = tuple(wake_on)
+    for kind in kinds:
+        if kind not in WAKE_KINDS:
+            raise ValueError(f"wake_on: unknown source {kind!r} (one of {', '.join(WAKE_KINDS)})")
+    return tuple(dict.fromkeys(kinds))
+
+
 def _make_policy(
     policy: PacingPolicy | None,
     slack: int | str | None,
@@ -309,6 +328,7 @@ class _Runner:
         pools: bool,
         on_trim: Callable[[TrimEvent], object] | None,
         name: str,
+        wake_on: Iterable[str],
     ) -> None:
         self._interval = _validate.seconds("interval", interval, maximum=MAX_INTERVAL)
         self._policy = _make_policy(policy, slack, min_interval, limit)
@@ -323,7 +343,8 @@ class _Runner:
         self._counters = Counters()
         self._in_flight = 0
         self._requests_seen = False
-        self._alarm: UsageAlarm | None = None
+        self._wake_on = _wake_kinds(wake_on)
+        self._wakeups: Wakeups | None = None
 
     @property
     def interval(self) -> float:
@@ -540,6 +561,14 @@ class _Runner:
             else:  # mimalloc 2: this thread's share (its queued pages), handed over
                 _core.collect_thread(abandon=True)
 
+    def _woken(self, wakes: list[Wake]) -> None:
+        logger.debug(
+            "%s %s: woken by %s",
+            self._kind,
+            self._name,
+            "; ".join(f"{w.kind} {w.path}: {w.detail}" for w in wakes),
+        )
+
     def _trim_failed(self) -> None:
         self._count(trim_errors=1)
         logger.exception("%s %s: trim() raised", self._kind, self._name)
@@ -559,25 +588,50 @@ class _Runner:
         can be registered (cgroup v2, no limit, no permission) it only ticks, faster near the
         limit (:meth:`PacingPolicy.tick_interval`); the reason is logged at DEBUG level.
         """
-        alarm = self._alarm
-        return alarm if alarm is not None and alarm.fileno() >= 0 and self.running else None
-
-    def _open_alarm(self) -> UsageAlarm | None:
-        mark = self._policy.limit_mark
-        if mark is None:
+        wakeups = self._wakeups
+        if wakeups is None or not self.running:
             return None
-        alarm, why = usage_alarm(mark)
-        if alarm is None:
-            logger.debug("%s %s: no usage alarm: %s", self._kind, self._name, why)
-        return alarm
+        for source in wakeups.sources:
+            if isinstance(source, UsageAlarmSource) and source.alarm.fileno() >= 0:
+                return source.alarm
+        return None
+
+    @property
+    def wake_sources(self) -> tuple[tuple[str, str], ...]:
+        """(kind, path) of each wake-up source the running runner sleeps on besides its timer
+        (see ``wake_on`` and :mod:`memreclaim.runners.wakeups`); empty when stopped."""
+        wakeups = self._wakeups
+        if wakeups is None or not self.running:
+            return ()
+        return tuple((source.kind, source.path) for source in wakeups.sources)
+
+    def _open_wakeups(self) -> Wakeups | None:
+        """The sources of ``wake_on`` that can be opened here, in one :class:`Wakeups`; why a
+        source is missing is logged (DEBUG; WARNING for a systemd unit's request)."""
+        sources = []
+        for kind in self._wake_on:
+            source, why = open_source(kind, mark=self._policy.limit_mark)
+            if source is not None:
+                sources.append(source)
+            elif why.startswith("cannot watch"):  # the unit asked for it: say why not
+                logger.warning("%s %s: %s", self._kind, self._name, why)
+            else:
+                logger.debug("%s %s: no %s wake-up: %s", self._kind, self._name, kind, why)
+        if not sources:
+            return None
+        try:
+            return Wakeups(sources)
+        except OSError as exc:  # out of descriptors: the timer alone
+            logger.warning("%s %s: no wake-ups: %s", self._kind, self._name, exc)
+            return None
 
     def _forget_after_fork(self) -> None:
         """Called in a forked child: drop what belongs to the parent's threads."""
         self._lock = threading.Lock()
         self._in_flight = 0
-        if self._alarm is not None:
-            self._alarm._forget_after_fork()
-            self._alarm = None
+        if self._wakeups is not None:
+            self._wakeups._forget_after_fork()
+            self._wakeups = None
 
     def _reset_policy(self) -> None:
         if self._thresholds:
@@ -715,6 +769,30 @@ class DaemonThread:
         self._stop_event = threading.Event()
         self._control = threading.Lock()
         self._pid = os.getpid()
+
+
+class StartStop:
+    """``with owner:`` for an owner with ``start()`` and ``stop()`` (the thread runners)."""
+
+    def start(self) -> None:
+        """Start (each owner says how)."""
+        raise NotImplementedError
+
+    def stop(self, timeout: float | None = 5.0) -> bool:
+        """Stop (each owner says how)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 _threads: weakref.WeakSet[DaemonThread] = weakref.WeakSet()

@@ -13,14 +13,14 @@ import collections.abc
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 
 from .. import _validate
 from .._core import TrimResult
-from ..memlimits import UsageAlarm
 from ..policy import PacingPolicy
-from ._base import MAX_INTERVAL, Gate, TrimEvent, _instances, _Runner, logger
+from ._base import DEFAULT_WAKE_ON, MAX_INTERVAL, Gate, TrimEvent, _instances, _Runner, logger
+from .wakeups import Wake, Wakeups
 
 __all__ = ["Watchdog"]
 
@@ -29,13 +29,13 @@ __all__ = ["Watchdog"]
 _READY_BUSY = 2
 
 
-async def _sleep_or_alarm(
-    loop: asyncio.AbstractEventLoop, alarm: UsageAlarm, seconds: float
-) -> bool:
-    """Sleep ``seconds`` or until the usage alarm fires (True); a loop without ``add_reader``
-    just sleeps."""
+async def _sleep_or_wake(
+    loop: asyncio.AbstractEventLoop, wakeups: Wakeups, seconds: float
+) -> list[Wake]:
+    """Sleep ``seconds`` or until a wake-up source fires (returned); a loop without
+    ``add_reader`` just sleeps."""
     woken = loop.create_future()
-    fd = alarm.fileno()
+    fd = wakeups.fileno()
 
     def wake() -> None:
         if not woken.done():
@@ -45,13 +45,13 @@ async def _sleep_or_alarm(
         loop.add_reader(fd, wake)
     except (NotImplementedError, ValueError, OSError):
         await asyncio.sleep(seconds)
-        return False
+        return []
     try:
         await asyncio.wait({woken}, timeout=seconds)
     finally:
         loop.remove_reader(fd)
         woken.cancel()
-    return alarm.wait(0)
+    return wakeups.wait(0)
 
 
 class Watchdog(_Runner):
@@ -71,8 +71,12 @@ class Watchdog(_Runner):
     ``slack=``, ``min_interval=`` and ``limit=``, which build one (``limit``: a soft limit in
     bytes or a size string; ``"auto"``, the default: the cgroup's, from
     :func:`memreclaim.memlimits.auto_limit`, or none where there is none; None: no limit).
-    ``on_trim`` is called, on the loop thread, with a :class:`TrimEvent` after every trim; an
-    exception in it is logged and counted.
+    ``wake_on`` names the sources it also sleeps on (:mod:`memreclaim.runners.wakeups`): by
+    default the cgroup v1 usage alarm at a soft limit's mark and systemd's memory-pressure
+    protocol where the unit sets ``$MEMORY_PRESSURE_WATCH``; add ``"psi"`` and
+    ``"memory.events"`` to read RSS as soon as the kernel reports pressure; ``()``: the timer
+    alone. A wake-up is a reading now; the policy decides. ``on_trim`` is called, on the loop
+    thread, with a :class:`TrimEvent` after every trim; an exception in it is logged and counted.
 
     Raises:
         TypeError, ValueError: for a wrong type or out-of-range argument, naming it.
@@ -97,6 +101,7 @@ class Watchdog(_Runner):
         pools: bool = False,
         on_trim: Callable[[TrimEvent], object] | None = None,
         name: str = "memreclaim-watchdog",
+        wake_on: Iterable[str] = DEFAULT_WAKE_ON,
     ) -> None:
         super().__init__(
             interval=interval,
@@ -108,6 +113,7 @@ class Watchdog(_Runner):
             pools=pools,
             on_trim=on_trim,
             name=name,
+            wake_on=wake_on,
         )
         self._idle_gating = _validate.flag("idle_gating", idle_gating)
         self._busy_lag = _validate.seconds("busy_lag", busy_lag, maximum=MAX_INTERVAL)
@@ -202,15 +208,18 @@ class Watchdog(_Runner):
         if not self._policy_ready:
             self._reset_policy()
         self._policy_ready = False
-        alarm = self._alarm = self._open_alarm()
+        wakeups = self._wakeups = self._open_wakeups()
         try:
             while True:
                 wait = self._policy.tick_interval(self._interval, time.monotonic())
                 scheduled = loop.time() + wait
-                if alarm is None:
+                if wakeups is None:
                     await asyncio.sleep(wait)
-                elif await _sleep_or_alarm(loop, alarm, wait):
-                    scheduled = loop.time()  # woken at the limit's mark: not late
+                else:
+                    woken = await _sleep_or_wake(loop, wakeups, wait)
+                    if woken:  # a source fired (the limit's mark...): not late
+                        scheduled = loop.time()
+                        self._woken(woken)
                 now = loop.time()
                 try:
                     decision, growth = self._check(time.monotonic(), max(0.0, now - scheduled))
@@ -233,8 +242,8 @@ class Watchdog(_Runner):
                 if result is not None:
                     self._report(time.monotonic(), result, growth, gate, deferred)
         finally:
-            if alarm is not None:
-                alarm.close()
+            if wakeups is not None:
+                wakeups.close()
             if self._task is current:
                 self._task = None
 

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..memlimits import UsageAlarm, cgroup_dirs, read_counters, usage_alarm
+from ..memlimits import UsageAlarm, _eventfd_poke, cgroup_dirs, read_counters, usage_alarm
 
 __all__ = [
     "EVENT_COUNTERS",
@@ -438,34 +438,29 @@ class Wakeups:
     def poke(self) -> None:
         """Make :meth:`wait` return now; no-op once closed."""
         with self._lock:
-            if self._poke >= 0:
-                try:
-                    os.eventfd_write(self._poke, 1)
-                except OSError as exc:  # the counter is full: a wake-up is pending anyway
-                    if exc.errno != errno.EAGAIN:
-                        raise
+            _eventfd_poke(self._poke)
 
     def close(self) -> None:
         """Close the epoll, the poke and every source; idempotent."""
         with self._lock:
-            poke, self._poke = self._poke, -1
-            sources, self._sources = list(self._sources.values()), {}
-        if poke >= 0:
-            os.close(poke)
-        self._epoll.close()
-        for source in sources:
-            source.close()
+            self._close_all(fork=False)
 
     def _forget_after_fork(self) -> None:
         """In a forked child: close this copy without the (maybe held) locks."""
         self._lock = threading.Lock()
+        self._close_all(fork=True)
+
+    def _close_all(self, *, fork: bool) -> None:
         poke, self._poke = self._poke, -1
         sources, self._sources = list(self._sources.values()), {}
         if poke >= 0:
             os.close(poke)
         self._epoll.close()
         for source in sources:
-            source._forget_after_fork()
+            if fork:
+                source._forget_after_fork()
+            else:
+                source.close()
 
 
 WAKE_KINDS = ("usage-alarm", "psi", "memory.events", "systemd")
