@@ -9,7 +9,6 @@ cumulative :class:`~memreclaim.runners._base.Counters`.
 from __future__ import annotations
 
 import asyncio
-import collections.abc
 import contextlib
 import threading
 import time
@@ -23,10 +22,6 @@ from ._base import DEFAULT_WAKE_ON, MAX_INTERVAL, Gate, TrimEvent, _instances, _
 from .wakeups import Wake, Wakeups
 
 __all__ = ["Watchdog"]
-
-# An idle loop has at most one other callback queued when the watchdog wakes (a timer of
-# another task that fell due at the same moment); two or more means work is in flight.
-_READY_BUSY = 2
 
 
 async def _sleep_or_wake(
@@ -59,11 +54,12 @@ class Watchdog(_Runner):
 
     Every ``interval`` seconds it reads RSS (cheap) and asks the policy. When the policy says
     "trim" and ``idle_gating`` is on, it samples the loop every ``busy_lag / 2`` seconds; a
-    sample is busy when it woke more than ``busy_lag`` late or other callbacks were queued. It
-    trims, in a dedicated thread, once the loop has been quiet for ``quiet`` seconds right after
-    being busy (the start of a gap between bursts), or for ``long_quiet`` seconds (no traffic),
-    or anyway at ``idle_deadline`` seconds. The trim cannot be paused: a request arriving during
-    it that mallocs more than ~1 KiB waits for it (see docs/watchdog.md for the bound).
+    sample is busy when it woke more than ``busy_lag`` late or the callbacks queued meanwhile
+    took more than ``busy_lag / 5`` to run. It trims, in a dedicated thread, once the loop has
+    been quiet for ``quiet`` seconds right after being busy (the start of a gap between bursts),
+    or for ``long_quiet`` seconds (no traffic), or anyway at ``idle_deadline`` seconds. The
+    trim cannot be paused: a request arriving during it that mallocs more than ~1 KiB waits for
+    it (see docs/watchdog.md for the bound).
 
     Use it as ``async with Watchdog(...)``, with ``start()`` / ``await stop()``, or as a task:
     ``asyncio.create_task(watchdog.run())``. Configure the pacing with ``policy=`` (a
@@ -253,8 +249,8 @@ class Watchdog(_Runner):
         Idle means: quiet for ``quiet`` seconds right after busy samples (the start of a gap
         between bursts, the best moment to start a trim), or quiet for ``long_quiet`` seconds
         (a loop with no traffic). A sample is busy when the wake-up was more than ``busy_lag``
-        late, or when other callbacks were queued to run (asyncio's ready queue, when the loop
-        exposes it).
+        late, or when the callbacks queued meanwhile took more than ``busy_lag / 5`` to run (one
+        yield to the loop measures them, on any event loop).
         """
         started = loop.time()
         deadline = started + self._idle_deadline
@@ -281,11 +277,16 @@ class Watchdog(_Runner):
         period = self._busy_lag / 2
         scheduled = loop.time() + period
         await asyncio.sleep(period)
-        lag = max(0.0, loop.time() - scheduled)
+        woke = loop.time()
+        lag = max(0.0, woke - scheduled)
         self._count(lag_last=lag, lag_max=lag)
-        ready = getattr(loop, "_ready", None)  # asyncio's default loops; not uvloop
-        queued = len(ready) if isinstance(ready, collections.abc.Sized) else 0
-        return lag > self._busy_lag or queued >= _READY_BUSY
+        # One pass over the callbacks queued meanwhile: a yield returns after every callback that
+        # was ready before it has run (on any loop: asyncio's, uvloop), so its duration is the
+        # work in flight that the wake-up's lateness alone can miss (a task yielding between
+        # chunks shorter than busy_lag).
+        await asyncio.sleep(0)
+        queued = loop.time() - woke
+        return lag > self._busy_lag or queued > self._busy_lag / 5
 
     async def _trim_in_thread(self, loop: asyncio.AbstractEventLoop) -> TrimResult | None:
         """Run one trim in a dedicated thread (not the default executor, which may be busy)."""
