@@ -180,7 +180,7 @@ def trim(*, pools: bool = False) -> TrimResult:
     also leaves mimalloc's ``abandoned_page_decommit`` on: a thread that exits afterwards gives
     its free pages back as it exits. What it cannot reach there: memory freed under a delay by
     the main thread (see :func:`set_purge_delay`) or by another live thread (see
-    ``memreclaim._core.collect_thread``).
+    :func:`collect_thread`).
     """
     result = _core.trim(pools=pools, libraries=_libraries.releasers())
     _accounting.record(result.released, result.seconds)
