@@ -243,8 +243,9 @@ def asdict(result: object) -> dict[str, Any]:
     (:class:`ProcessMemory`, :class:`Limits`, :class:`Counters`, :class:`TrimEvent`, ...) and
     named tuples. Results nested in fields (``MemoryStats.heap``) become dicts the same way;
     mappings (``parts``, ``figures``, ``libraries``, read-only mapping proxies) become new dicts;
-    tuples and lists become lists; other values are kept as they are. The command line's ``--json`` output and the answers of
-    ``trim --pid`` / ``stats --pid`` are built with it, so their keys are the fields' names.
+    tuples and lists become lists; other values are kept as they are. The command line's
+    ``--json`` output and the answers of ``trim --pid`` / ``stats --pid`` are built with it, so
+    their keys are the fields' names.
 
     Raises:
         TypeError: ``result`` is not a result (a class, a plain tuple, a dict, ...).
