@@ -33,19 +33,21 @@ import threading
 import time
 import tracemalloc
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import TracebackType
+from typing import Any, Literal, Self
 
 import memreclaim
 
-from .. import _core, _libraries, _validate
+from .. import _core, _libraries, _validate, glibc
 from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
-from .._limits import UsageAlarm, usage_alarm
+from ..memlimits import UsageAlarm, auto_limit
 from ..policy import Decision, PacingPolicy
 from ..units import format_bytes
+from .wakeups import WAKE_KINDS, UsageAlarmSource, Wake, Wakeups, open_source
 
-__all__ = ["Counters", "DaemonThread", "Gate", "TrimEvent"]
+__all__ = ["Counters", "DaemonThread", "Gate", "StartStop", "TrimEvent"]
 
 logger = logging.getLogger("memreclaim")
 
@@ -55,13 +57,6 @@ Gate = Literal["idle", "deadline", "ungated", "thread", "hook"]
 # The longest interval a runner accepts: a thread waiting longer than this on an Event fails
 # with OverflowError (threading.TIMEOUT_MAX), and nobody means a trimmer that never ticks.
 MAX_INTERVAL = 3600.0
-
-# glibc trim threshold set for threaded servers (see the module docstring).
-THREAD_TRIM_THRESHOLD = 128 * 1024
-
-# A free of a chunk this big (>= glibc's FASTBIN_CONSOLIDATION_THRESHOLD, 64 KiB, and under
-# any mmap threshold, >= 128 KiB) in a thread's arena makes glibc trim that arena's top.
-_NUDGE_BYTES = 96 * 1024
 
 # One lock for every runner of the process: two trims at once would walk the same arenas twice.
 _TRIM_LOCK = threading.Lock()
@@ -163,12 +158,12 @@ def _fix_thread_thresholds(reason: str) -> bool:
         return False
     if memreclaim.allocator() == "glibc":
         _thresholds_set = True
-        memreclaim.set_trim_threshold(THREAD_TRIM_THRESHOLD)
+        threshold = glibc.fix_thread_trim_threshold()
         logger.info(
             "memreclaim: set glibc's trim threshold to %s (%s): malloc_trim cannot shrink the"
             " tops of thread arenas; a free at a top now gives it back (it does not undo a top"
             " kept already: those go back with the next such free in that arena)",
-            format_bytes(THREAD_TRIM_THRESHOLD),
+            format_bytes(threshold),
             reason,
         )
         return True
@@ -184,19 +179,6 @@ def _fix_thread_thresholds(reason: str) -> bool:
         )
         return True
     return False
-
-
-def _arenas_retaining(slack: int) -> tuple[int, int] | None:
-    """(thread arenas, bytes they map) when two or more thread arenas map more than slack."""
-    if memreclaim.allocator() != "glibc":
-        return None
-    from ..glibc import arenas
-
-    others = [arena for arena in arenas() if arena.nr != 0]
-    mapped = sum(arena.mapped for arena in others)
-    if len(others) >= 2 and mapped > slack:
-        return len(others), mapped
-    return None
 
 
 # ---- reporting ------------------------------------------------------------------------------
@@ -281,6 +263,54 @@ class Counters:
     """RSS read at the last tick (bytes)."""
 
 
+DEFAULT_WAKE_ON = ("usage-alarm", "systemd")
+"""The runners' default wake-up sources: the cgroup v1 usage alarm at a soft limit's mark, and
+systemd's memory-pressure protocol when the unit sets ``$MEMORY_PRESSURE_WATCH``."""
+
+
+def _wake_kinds(wake_on: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(wake_on, str) or not isinstance(wake_on, Iterable):
+        raise TypeError(
+            f"wake_on must be an iterable of source kinds, not {type(wake_on).__name__}"
+        )
+    kinds = tuple(wake_on)
+    for kind in kinds:
+        if kind not in WAKE_KINDS:
+            raise ValueError(f"wake_on: unknown source {kind!r} (one of {', '.join(WAKE_KINDS)})")
+    return tuple(dict.fromkeys(kinds))
+
+
+def _make_policy(
+    policy: PacingPolicy | None,
+    slack: int | str | None,
+    min_interval: float | None,
+    limit: int | str | None,
+) -> PacingPolicy:
+    """The runner's policy: ``policy`` itself, or one built from the shortcuts.
+
+    ``limit="auto"`` (the runners' default) is resolved here, not in the policy: the cgroup's
+    soft limit (:func:`memreclaim.memlimits.auto_limit`), or None; ``limit=None`` is no limit.
+    """
+    shortcuts: dict[str, object] = {
+        key: value
+        for key, value in (("slack", slack), ("min_interval", min_interval))
+        if value is not None
+    }
+    if not (isinstance(limit, str) and limit == "auto"):
+        shortcuts["limit"] = limit
+    if policy is not None:
+        _validate.instance("policy", policy, PacingPolicy)
+        if shortcuts:
+            raise TypeError(
+                f"pass either policy= or {', '.join(sorted(shortcuts))}=, not both"
+                " (set them on the PacingPolicy)"
+            )
+        return policy
+    if "limit" not in shortcuts:
+        shortcuts["limit"] = auto_limit()
+    return PacingPolicy(**shortcuts)  # type: ignore[arg-type]
+
+
 class _Runner:
     """Signals, trimming and reporting shared by Watchdog and BackgroundTrimmer."""
 
@@ -298,22 +328,10 @@ class _Runner:
         pools: bool,
         on_trim: Callable[[TrimEvent], object] | None,
         name: str,
+        wake_on: Iterable[str],
     ) -> None:
         self._interval = _validate.seconds("interval", interval, maximum=MAX_INTERVAL)
-        shortcuts = {
-            key: value
-            for key, value in (("slack", slack), ("min_interval", min_interval), ("limit", limit))
-            if value is not None
-        }
-        if policy is not None:
-            self._policy = _validate.instance("policy", policy, PacingPolicy)
-            if shortcuts:
-                raise TypeError(
-                    f"pass either policy= or {', '.join(sorted(shortcuts))}=, not both"
-                    " (set them on the PacingPolicy)"
-                )
-        else:
-            self._policy = PacingPolicy(**shortcuts)  # type: ignore[arg-type]
+        self._policy = _make_policy(policy, slack, min_interval, limit)
         if thresholds is not None:
             _validate.flag("thresholds", thresholds)
         self._thresholds = thresholds
@@ -325,7 +343,8 @@ class _Runner:
         self._counters = Counters()
         self._in_flight = 0
         self._requests_seen = False
-        self._alarm: UsageAlarm | None = None
+        self._wake_on = _wake_kinds(wake_on)
+        self._wakeups: Wakeups | None = None
 
     @property
     def interval(self) -> float:
@@ -514,7 +533,7 @@ class _Runner:
             )
             return
         try:
-            found = _arenas_retaining(slack)
+            found = glibc.arenas_retaining(slack)
         except Exception:  # malloc_info unreadable: nothing to learn, say it once
             logger.debug("memreclaim: could not read malloc_info", exc_info=True)
             return
@@ -538,10 +557,17 @@ class _Runner:
             slack = self._policy.slack
         if floor is not None and level is not None and level - floor > slack:
             if memreclaim.allocator() == "glibc":
-                block = bytearray(_NUDGE_BYTES)
-                del block
+                glibc.nudge_arena()
             else:  # mimalloc 2: this thread's share (its queued pages), handed over
                 _core.collect_thread(abandon=True)
+
+    def _woken(self, wakes: list[Wake]) -> None:
+        logger.debug(
+            "%s %s: woken by %s",
+            self._kind,
+            self._name,
+            "; ".join(f"{w.kind} {w.path}: {w.detail}" for w in wakes),
+        )
 
     def _trim_failed(self) -> None:
         self._count(trim_errors=1)
@@ -557,30 +583,55 @@ class _Runner:
         """The kernel notification the thread also sleeps on while running, or None.
 
         With a soft limit (``policy.limit``) in a cgroup v1, a running runner has registered a
-        :class:`memreclaim._limits.UsageAlarm` at the limit's mark: it wakes when the cgroup's
+        :class:`memreclaim.memlimits.UsageAlarm` at the limit's mark: it wakes when the cgroup's
         usage crosses it, within about a MiB of allocation, not at its next tick. Where none
         can be registered (cgroup v2, no limit, no permission) it only ticks, faster near the
         limit (:meth:`PacingPolicy.tick_interval`); the reason is logged at DEBUG level.
         """
-        alarm = self._alarm
-        return alarm if alarm is not None and alarm.fileno() >= 0 and self.running else None
-
-    def _open_alarm(self) -> UsageAlarm | None:
-        mark = self._policy.limit_mark
-        if mark is None:
+        wakeups = self._wakeups
+        if wakeups is None or not self.running:
             return None
-        alarm, why = usage_alarm(mark)
-        if alarm is None:
-            logger.debug("%s %s: no usage alarm: %s", self._kind, self._name, why)
-        return alarm
+        for source in wakeups.sources:
+            if isinstance(source, UsageAlarmSource) and source.alarm.fileno() >= 0:
+                return source.alarm
+        return None
+
+    @property
+    def wake_sources(self) -> tuple[tuple[str, str], ...]:
+        """(kind, path) of each wake-up source the running runner sleeps on besides its timer
+        (see ``wake_on`` and :mod:`memreclaim.runners.wakeups`); empty when stopped."""
+        wakeups = self._wakeups
+        if wakeups is None or not self.running:
+            return ()
+        return tuple((source.kind, source.path) for source in wakeups.sources)
+
+    def _open_wakeups(self) -> Wakeups | None:
+        """The sources of ``wake_on`` that can be opened here, in one :class:`Wakeups`; why a
+        source is missing is logged (DEBUG; WARNING for a systemd unit's request)."""
+        sources = []
+        for kind in self._wake_on:
+            source, why = open_source(kind, mark=self._policy.limit_mark)
+            if source is not None:
+                sources.append(source)
+            elif why.startswith("cannot watch"):  # the unit asked for it: say why not
+                logger.warning("%s %s: %s", self._kind, self._name, why)
+            else:
+                logger.debug("%s %s: no %s wake-up: %s", self._kind, self._name, kind, why)
+        if not sources:
+            return None
+        try:
+            return Wakeups(sources)
+        except OSError as exc:  # out of descriptors: the timer alone
+            logger.warning("%s %s: no wake-ups: %s", self._kind, self._name, exc)
+            return None
 
     def _forget_after_fork(self) -> None:
         """Called in a forked child: drop what belongs to the parent's threads."""
         self._lock = threading.Lock()
         self._in_flight = 0
-        if self._alarm is not None:
-            self._alarm._forget_after_fork()
-            self._alarm = None
+        if self._wakeups is not None:
+            self._wakeups._forget_after_fork()
+            self._wakeups = None
 
     def _reset_policy(self) -> None:
         if self._thresholds:
@@ -718,6 +769,30 @@ class DaemonThread:
         self._stop_event = threading.Event()
         self._control = threading.Lock()
         self._pid = os.getpid()
+
+
+class StartStop:
+    """``with owner:`` for an owner with ``start()`` and ``stop()`` (the thread runners)."""
+
+    def start(self) -> None:
+        """Start (each owner says how)."""
+        raise NotImplementedError
+
+    def stop(self, timeout: float | None = 5.0) -> bool:
+        """Stop (each owner says how)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 _threads: weakref.WeakSet[DaemonThread] = weakref.WeakSet()

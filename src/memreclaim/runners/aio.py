@@ -9,33 +9,28 @@ cumulative :class:`~memreclaim.runners._base.Counters`.
 from __future__ import annotations
 
 import asyncio
-import collections.abc
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 
 from .. import _validate
 from .._core import TrimResult
-from .._limits import UsageAlarm
 from ..policy import PacingPolicy
-from ._base import MAX_INTERVAL, Gate, TrimEvent, _instances, _Runner, logger
+from ._base import DEFAULT_WAKE_ON, MAX_INTERVAL, Gate, TrimEvent, _instances, _Runner, logger
+from .wakeups import Wake, Wakeups
 
 __all__ = ["Watchdog"]
 
-# An idle loop has at most one other callback queued when the watchdog wakes (a timer of
-# another task that fell due at the same moment); two or more means work is in flight.
-_READY_BUSY = 2
 
-
-async def _sleep_or_alarm(
-    loop: asyncio.AbstractEventLoop, alarm: UsageAlarm, seconds: float
-) -> bool:
-    """Sleep ``seconds`` or until the usage alarm fires (True); a loop without ``add_reader``
-    just sleeps."""
+async def _sleep_or_wake(
+    loop: asyncio.AbstractEventLoop, wakeups: Wakeups, seconds: float
+) -> list[Wake]:
+    """Sleep ``seconds`` or until a wake-up source fires (returned); a loop without
+    ``add_reader`` just sleeps."""
     woken = loop.create_future()
-    fd = alarm.fileno()
+    fd = wakeups.fileno()
 
     def wake() -> None:
         if not woken.done():
@@ -45,13 +40,13 @@ async def _sleep_or_alarm(
         loop.add_reader(fd, wake)
     except (NotImplementedError, ValueError, OSError):
         await asyncio.sleep(seconds)
-        return False
+        return []
     try:
         await asyncio.wait({woken}, timeout=seconds)
     finally:
         loop.remove_reader(fd)
         woken.cancel()
-    return alarm.wait(0)
+    return wakeups.wait(0)
 
 
 class Watchdog(_Runner):
@@ -59,18 +54,25 @@ class Watchdog(_Runner):
 
     Every ``interval`` seconds it reads RSS (cheap) and asks the policy. When the policy says
     "trim" and ``idle_gating`` is on, it samples the loop every ``busy_lag / 2`` seconds; a
-    sample is busy when it woke more than ``busy_lag`` late or other callbacks were queued. It
-    trims, in a dedicated thread, once the loop has been quiet for ``quiet`` seconds right after
-    being busy (the start of a gap between bursts), or for ``long_quiet`` seconds (no traffic),
-    or anyway at ``idle_deadline`` seconds. The trim cannot be paused: a request arriving during
-    it that mallocs more than ~1 KiB waits for it (see docs/watchdog.md for the bound).
+    sample is busy when it woke more than ``busy_lag`` late or the callbacks queued meanwhile
+    took more than ``busy_lag / 5`` to run. It trims, in a dedicated thread, once the loop has
+    been quiet for ``quiet`` seconds right after being busy (the start of a gap between bursts),
+    or for ``long_quiet`` seconds (no traffic), or anyway at ``idle_deadline`` seconds. The
+    trim cannot be paused: a request arriving during it that mallocs more than ~1 KiB waits for
+    it (see docs/watchdog.md for the bound).
 
     Use it as ``async with Watchdog(...)``, with ``start()`` / ``await stop()``, or as a task:
     ``asyncio.create_task(watchdog.run())``. Configure the pacing with ``policy=`` (a
     :class:`PacingPolicy`, one per runner: it holds the runner's state), or with the shortcuts
-    ``slack=``, ``min_interval=`` and ``limit=``, which build one. ``on_trim`` is called, on
-    the loop thread, with a :class:`TrimEvent` after every trim; an exception in it is logged
-    and counted.
+    ``slack=``, ``min_interval=`` and ``limit=``, which build one (``limit``: a soft limit in
+    bytes or a size string; ``"auto"``, the default: the cgroup's, from
+    :func:`memreclaim.memlimits.auto_limit`, or none where there is none; None: no limit).
+    ``wake_on`` names the sources it also sleeps on (:mod:`memreclaim.runners.wakeups`): by
+    default the cgroup v1 usage alarm at a soft limit's mark and systemd's memory-pressure
+    protocol where the unit sets ``$MEMORY_PRESSURE_WATCH``; add ``"psi"`` and
+    ``"memory.events"`` to read RSS as soon as the kernel reports pressure; ``()``: the timer
+    alone. A wake-up is a reading now; the policy decides. ``on_trim`` is called, on the loop
+    thread, with a :class:`TrimEvent` after every trim; an exception in it is logged and counted.
 
     Raises:
         TypeError, ValueError: for a wrong type or out-of-range argument, naming it.
@@ -85,7 +87,7 @@ class Watchdog(_Runner):
         policy: PacingPolicy | None = None,
         slack: int | str | None = None,
         min_interval: float | None = None,
-        limit: int | str | None = None,
+        limit: int | str | None = "auto",
         thresholds: bool | None = None,
         idle_gating: bool = True,
         busy_lag: float = 0.005,
@@ -95,6 +97,7 @@ class Watchdog(_Runner):
         pools: bool = False,
         on_trim: Callable[[TrimEvent], object] | None = None,
         name: str = "memreclaim-watchdog",
+        wake_on: Iterable[str] = DEFAULT_WAKE_ON,
     ) -> None:
         super().__init__(
             interval=interval,
@@ -106,6 +109,7 @@ class Watchdog(_Runner):
             pools=pools,
             on_trim=on_trim,
             name=name,
+            wake_on=wake_on,
         )
         self._idle_gating = _validate.flag("idle_gating", idle_gating)
         self._busy_lag = _validate.seconds("busy_lag", busy_lag, maximum=MAX_INTERVAL)
@@ -200,15 +204,18 @@ class Watchdog(_Runner):
         if not self._policy_ready:
             self._reset_policy()
         self._policy_ready = False
-        alarm = self._alarm = self._open_alarm()
+        wakeups = self._wakeups = self._open_wakeups()
         try:
             while True:
                 wait = self._policy.tick_interval(self._interval, time.monotonic())
                 scheduled = loop.time() + wait
-                if alarm is None:
+                if wakeups is None:
                     await asyncio.sleep(wait)
-                elif await _sleep_or_alarm(loop, alarm, wait):
-                    scheduled = loop.time()  # woken at the limit's mark: not late
+                else:
+                    woken = await _sleep_or_wake(loop, wakeups, wait)
+                    if woken:  # a source fired (the limit's mark...): not late
+                        scheduled = loop.time()
+                        self._woken(woken)
                 now = loop.time()
                 try:
                     decision, growth = self._check(time.monotonic(), max(0.0, now - scheduled))
@@ -231,8 +238,8 @@ class Watchdog(_Runner):
                 if result is not None:
                     self._report(time.monotonic(), result, growth, gate, deferred)
         finally:
-            if alarm is not None:
-                alarm.close()
+            if wakeups is not None:
+                wakeups.close()
             if self._task is current:
                 self._task = None
 
@@ -242,8 +249,8 @@ class Watchdog(_Runner):
         Idle means: quiet for ``quiet`` seconds right after busy samples (the start of a gap
         between bursts, the best moment to start a trim), or quiet for ``long_quiet`` seconds
         (a loop with no traffic). A sample is busy when the wake-up was more than ``busy_lag``
-        late, or when other callbacks were queued to run (asyncio's ready queue, when the loop
-        exposes it).
+        late, or when the callbacks queued meanwhile took more than ``busy_lag / 5`` to run (one
+        yield to the loop measures them, on any event loop).
         """
         started = loop.time()
         deadline = started + self._idle_deadline
@@ -270,11 +277,16 @@ class Watchdog(_Runner):
         period = self._busy_lag / 2
         scheduled = loop.time() + period
         await asyncio.sleep(period)
-        lag = max(0.0, loop.time() - scheduled)
+        woke = loop.time()
+        lag = max(0.0, woke - scheduled)
         self._count(lag_last=lag, lag_max=lag)
-        ready = getattr(loop, "_ready", None)  # asyncio's default loops; not uvloop
-        queued = len(ready) if isinstance(ready, collections.abc.Sized) else 0
-        return lag > self._busy_lag or queued >= _READY_BUSY
+        # One pass over the callbacks queued meanwhile: a yield returns after every callback that
+        # was ready before it has run (on any loop: asyncio's, uvloop), so its duration is the
+        # work in flight that the wake-up's lateness alone can miss (a task yielding between
+        # chunks shorter than busy_lag).
+        await asyncio.sleep(0)
+        queued = loop.time() - woke
+        return lag > self._busy_lag or queued > self._busy_lag / 5
 
     async def _trim_in_thread(self, loop: asyncio.AbstractEventLoop) -> TrimResult | None:
         """Run one trim in a dedicated thread (not the default executor, which may be busy)."""

@@ -6,7 +6,8 @@
     >>> watcher.sources              # what it watches and how: "trigger" or "poll"
     >>> watcher.stop()
 
-Sources, found through ``/proc/self/cgroup`` unless given:
+Sources (the PSI trigger and ``memory.events`` of :mod:`memreclaim.runners.wakeups`, which the
+runners can sleep on too), found through ``/proc/self/cgroup`` unless given:
 
 - **PSI** (pressure stall information): the cgroup's ``memory.pressure`` (cgroup v2), else
   ``/proc/pressure/memory``. The watcher writes a trigger (``some 150000 1000000``: 150 ms of
@@ -36,17 +37,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 
 from .. import _validate
-from .._limits import _cgroup_dirs, _mounts, _read
-from ._base import DaemonThread
+from ..memlimits import _read
+from ._base import DaemonThread, StartStop
+from .wakeups import EventsFile, PsiTrigger, WakeSource, find_sources
 
 __all__ = ["PressureEvent", "PressureSource", "PressureWatcher", "find_sources"]
 
 log = logging.getLogger("memreclaim.pressure")
-
-_EVENT_COUNTERS = ("high", "max", "oom", "oom_kill")
 
 
 @dataclass(frozen=True)
@@ -71,32 +70,6 @@ class PressureSource:
     why: str | None = None
 
 
-def find_sources(root: str = "/") -> tuple[str | None, str | None]:
-    """(the PSI file, the ``memory.events`` file) of this process, or None where there is none.
-
-    The cgroup v2 ``memory.pressure`` is preferred to the system-wide ``/proc/pressure/memory``;
-    ``root`` prefixes every path (for tests on a fixture tree).
-    """
-    root = os.fspath(root)
-    cgroup_dir = None
-    text = _read(os.path.join(root, "proc/self/cgroup")) or ""
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            mount = next((m for m in _mounts(root) if m[0] == "cgroup2"), None)
-            if mount is not None:
-                cgroup_dir = _cgroup_dirs(root, mount[1], mount[2], line[3:])[0]
-    psi = None
-    events = None
-    if cgroup_dir is not None:
-        if os.path.exists(os.path.join(cgroup_dir, "memory.pressure")):
-            psi = os.path.join(cgroup_dir, "memory.pressure")
-        if os.path.exists(os.path.join(cgroup_dir, "memory.events")):
-            events = os.path.join(cgroup_dir, "memory.events")
-    if psi is None and os.path.exists(os.path.join(root, "proc/pressure/memory")):
-        psi = os.path.join(root, "proc/pressure/memory")
-    return psi, events
-
-
 def _psi_total(text: str | None, kind: str) -> int | None:
     """The ``total=`` stall in microseconds of the ``some`` or ``full`` line."""
     for line in (text or "").splitlines():
@@ -106,15 +79,6 @@ def _psi_total(text: str | None, kind: str) -> int | None:
                     with contextlib.suppress(ValueError):
                         return int(part[6:])
     return None
-
-
-def _counters(text: str | None) -> dict[str, int]:
-    result = {}
-    for line in (text or "").splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            result[parts[0]] = int(parts[1])
-    return result
 
 
 def _default_callback(event: PressureEvent) -> None:
@@ -130,7 +94,7 @@ def _default_callback(event: PressureEvent) -> None:
     )
 
 
-class PressureWatcher:
+class PressureWatcher(StartStop):
     """Call ``callback`` (default: :func:`memreclaim.trim`) when the kernel reports memory
     pressure. See the module docstring for the sources.
 
@@ -256,49 +220,21 @@ class PressureWatcher:
                 os.close(self._wake_w)
         self._wake_w = -1
 
-    def __enter__(self) -> PressureWatcher:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # ---------------------------------------------------------------------------------------
     # sources
 
-    def _open_trigger(self, path: str) -> tuple[int, str]:
-        """Open ``path`` and write the trigger; return (fd, the trigger). Raises OSError."""
+    def _open_trigger(self, path: str) -> PsiTrigger:
+        """Write the PSI trigger to ``path`` (a note when the window was widened).
+
+        Raises:
+            OSError: no trigger can be written (``ENOTSUP`` with ``triggers=False``).
+        """
         if not self._triggers:
             raise OSError(errno.ENOTSUP, "triggers=False: polling")
-        stall_us = round(self._stall * 1e6)
-        window_us = round(self._window * 1e6)
-        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            trigger = f"{self._kind} {stall_us} {window_us}"
-            try:
-                os.write(fd, trigger.encode() + b"\0")
-                return fd, trigger
-            except OSError as exc:
-                two_s = 2_000_000
-                if exc.errno != errno.EINVAL or window_us % two_s == 0:
-                    raise
-            # Without CAP_SYS_RESOURCE the window must be a multiple of 2 s: widen, keep the share
-            wide = -(-window_us // two_s) * two_s
-            trigger = f"{self._kind} {stall_us * wide // window_us} {wide}"
-            os.write(fd, trigger.encode() + b"\0")
-            self._notes.append(
-                f"{path}: the kernel refused a {window_us // 1000} ms window (unprivileged"
-                f" triggers need a multiple of 2 s): using '{trigger}'"
-            )
-            return fd, trigger
-        except BaseException:
-            os.close(fd)
-            raise
+        trigger = PsiTrigger(path, kind=self._kind, stall=self._stall, window=self._window)
+        if trigger.note is not None:
+            self._notes.append(trigger.note)
+        return trigger
 
     def _open(self) -> list[_Source]:
         opened: list[_Source] = []
@@ -306,8 +242,8 @@ class PressureWatcher:
         if self._psi_path is not None:
             path = self._psi_path
             try:
-                fd, trigger = self._open_trigger(path)
-                opened.append(_Source("psi", path, fd, "trigger", trigger))
+                trigger = self._open_trigger(path)
+                opened.append(_Source("psi", path, "trigger", trigger))
                 sources.append(PressureSource("psi", path, "trigger"))
             except OSError as exc:
                 total = _psi_total(_read(path), self._kind)
@@ -317,7 +253,7 @@ class PressureWatcher:
                     why = f"cannot write a trigger ({errno.errorcode.get(exc.errno or 0, exc)}:"
                     why += f" {exc.strerror}); reading it every {self._poll_interval:g} s"
                     self._notes.append(f"{path}: {why}")
-                    src = _Source("psi", path, -1, "poll", None)
+                    src = _Source("psi", path, "poll", None)
                     src.total = total
                     src.at = time.monotonic()
                     opened.append(src)
@@ -327,13 +263,11 @@ class PressureWatcher:
         if self._events_path is not None:
             path = self._events_path
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                events = EventsFile(path)
             except OSError as exc:
                 self._notes.append(f"{path}: cannot open ({exc.strerror}); not watched")
             else:
-                src = _Source("memory.events", path, fd, "poll", None)
-                src.counters = _counters(_pread(fd))
-                opened.append(src)
+                opened.append(_Source("memory.events", path, "poll", events))
                 sources.append(PressureSource("memory.events", path, "trigger"))
         self._sources = tuple(sources)
         return opened
@@ -341,9 +275,8 @@ class PressureWatcher:
     @staticmethod
     def _close_fds(opened: list[_Source]) -> None:
         for src in opened:
-            if src.fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(src.fd)
+            if src.wake is not None:
+                src.wake.close()
 
     # ---------------------------------------------------------------------------------------
     # the thread
@@ -371,16 +304,17 @@ class PressureWatcher:
                     if found is None:
                         continue
                     src = found
-                    if src.mode == "trigger":
-                        if mask & select.POLLERR and not mask & select.POLLPRI:
+                    if src.mode == "trigger" and src.wake is not None:
+                        detail = src.wake.consume(mask)
+                        if src.wake.lost:
                             # the trigger went away (its cgroup was removed): poll instead
                             poller.unregister(fd)
                             self._notes.append(f"{src.path}: trigger lost; polling the file")
                             src.mode = "poll"
                             polled.append(src)
                             timeout_ms = round(self._poll_interval * 1000)
-                        elif mask & select.POLLPRI:
-                            self._fire(src, f"trigger '{src.trigger}'")
+                        elif detail is not None:
+                            self._fire(src, detail)
                 for src in polled:
                     self._check(src)
         finally:
@@ -390,18 +324,10 @@ class PressureWatcher:
 
     def _check(self, src: _Source) -> None:
         """Read a polled file; fire if it shows pressure since the last read."""
-        if src.kind == "memory.events":
-            # A counter missing from a read (a failed or empty one: a file being rewritten) keeps
-            # its last value; taken as 0 it would count everything since boot again next time.
-            counters = {**src.counters, **_counters(_pread(src.fd))}
-            grew = {
-                k: counters[k] - src.counters.get(k, 0)
-                for k in _EVENT_COUNTERS
-                if counters.get(k, 0) > src.counters.get(k, 0)
-            }
-            src.counters = counters
-            if grew:
-                self._fire(src, ", ".join(f"{k} +{n}" for k, n in grew.items()))
+        if isinstance(src.wake, EventsFile):
+            grew = src.wake.check()
+            if grew is not None:
+                self._fire(src, grew)
             return
         now = time.monotonic()
         total = _psi_total(_read(src.path), self._kind)
@@ -431,21 +357,14 @@ class PressureWatcher:
 
 
 class _Source:
-    """An open file the thread watches (mutable, thread-private)."""
+    """A file the thread watches (mutable, thread-private): a wake-up source, or a PSI file
+    read every ``poll_interval`` (``wake`` None)."""
 
-    def __init__(self, kind: str, path: str, fd: int, mode: str, trigger: str | None) -> None:
+    def __init__(self, kind: str, path: str, mode: str, wake: WakeSource | None) -> None:
         self.kind = kind
         self.path = path
-        self.fd = fd
+        self.wake = wake
+        self.fd = -1 if wake is None else wake.fileno()
         self.mode = mode
-        self.trigger = trigger
         self.total: int | None = None
         self.at = 0.0
-        self.counters: dict[str, int] = {}
-
-
-def _pread(fd: int) -> str | None:
-    try:
-        return os.pread(fd, 65536, 0).decode("ascii", "replace")
-    except OSError:
-        return None

@@ -11,18 +11,26 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from types import TracebackType
+from collections.abc import Callable, Iterable
 
 from .. import _validate
-from .._limits import UsageAlarm
 from ..policy import PacingPolicy
-from ._base import DaemonThread, Gate, TrimEvent, _instances, _Runner, logger
+from ._base import (
+    DEFAULT_WAKE_ON,
+    DaemonThread,
+    Gate,
+    StartStop,
+    TrimEvent,
+    _instances,
+    _Runner,
+    logger,
+)
+from .wakeups import Wakeups
 
 __all__ = ["BackgroundTrimmer"]
 
 
-class BackgroundTrimmer(_Runner):
+class BackgroundTrimmer(_Runner, StartStop):
     """Trim in the background of a synchronous program, from a daemon thread, and from hooks.
 
     Same :class:`PacingPolicy` as :class:`Watchdog`, minus loop gating: every ``interval``
@@ -31,6 +39,12 @@ class BackgroundTrimmer(_Runner):
     arena lock). Hooks at the end of a request or task call :meth:`tick` (in the worker thread)
     and report requests with :meth:`request_started` / :meth:`request_finished`, so that the
     policy trims when the burst is over, not in the middle of it.
+
+    Configure it as a :class:`Watchdog`: ``policy=``, or the shortcuts ``slack=``,
+    ``min_interval=`` and ``limit=`` (a soft limit in bytes or a size string; ``"auto"``, the
+    default: the cgroup's, from :func:`memreclaim.memlimits.auto_limit`, or none where there is
+    none; None: no limit), and ``wake_on``, the sources its thread also sleeps on (as the
+    Watchdog's: the cgroup v1 usage alarm and systemd's memory-pressure protocol by default).
 
     Use ``start()`` / ``stop()`` or ``with BackgroundTrimmer(...):``. Fork-safe: in a forked
     child the trimmer is marked not running (its thread does not exist there) and can be started
@@ -50,11 +64,12 @@ class BackgroundTrimmer(_Runner):
         policy: PacingPolicy | None = None,
         slack: int | str | None = None,
         min_interval: float | None = None,
-        limit: int | str | None = None,
+        limit: int | str | None = "auto",
         thresholds: bool | None = None,
         pools: bool = False,
         on_trim: Callable[[TrimEvent], object] | None = None,
         name: str = "memreclaim-trimmer",
+        wake_on: Iterable[str] = DEFAULT_WAKE_ON,
     ) -> None:
         super().__init__(
             interval=interval,
@@ -66,8 +81,9 @@ class BackgroundTrimmer(_Runner):
             pools=pools,
             on_trim=on_trim,
             name=name,
+            wake_on=wake_on,
         )
-        self._worker = DaemonThread(self._kind, name, wake=self._poke_alarm)
+        self._worker = DaemonThread(self._kind, name, wake=self._poke)
         self._tick_lock = threading.Lock()  # serialises ticks
         _instances.add(self)
 
@@ -81,6 +97,11 @@ class BackgroundTrimmer(_Runner):
         """The trimmer thread, or None when not running."""
         return self._worker.thread
 
+    @property
+    def _thread(self) -> threading.Thread | None:
+        # The last thread started, alive or not (tests join it; DaemonThread owns it).
+        return self._worker._thread
+
     def start(self) -> None:
         """Take the floor now and start the trimmer thread.
 
@@ -91,14 +112,14 @@ class BackgroundTrimmer(_Runner):
 
         def setup(stop_event: threading.Event) -> tuple[Callable[[], None], Callable[[], None]]:
             self._reset_policy()
-            alarm = self._alarm = self._open_alarm()
+            wakeups = self._wakeups = self._open_wakeups()
 
             def cleanup() -> None:
-                self._alarm = None
-                if alarm is not None:
-                    alarm.close()
+                self._wakeups = None
+                if wakeups is not None:
+                    wakeups.close()
 
-            return (lambda: self._run(stop_event, alarm)), cleanup
+            return (lambda: self._run(stop_event, wakeups)), cleanup
 
         self._worker.start(setup)
 
@@ -113,10 +134,10 @@ class BackgroundTrimmer(_Runner):
         """
         return self._worker.stop(timeout)
 
-    def _poke_alarm(self) -> None:
-        alarm = self._alarm
-        if alarm is not None:
-            alarm.poke()  # wakes the thread if it sleeps on the alarm
+    def _poke(self) -> None:
+        wakeups = self._wakeups
+        if wakeups is not None:
+            wakeups.poke()  # wakes the thread if it sleeps on its wake-up sources
 
     def tick(self, *, settled: bool = False) -> TrimEvent | None:
         """Run one policy check now, in the calling thread; trim if due. Return the trim's event.
@@ -135,18 +156,6 @@ class BackgroundTrimmer(_Runner):
         self._nudge_arena()
         return event
 
-    def __enter__(self) -> BackgroundTrimmer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def _tick(self, lag: float, settled: bool = False, gate: Gate = "thread") -> TrimEvent | None:
         # One tick at a time (the thread and hooks calling tick() may race): a tick that waited
         # for another's trim then sees the minimum interval and does not trim again.
@@ -163,27 +172,28 @@ class BackgroundTrimmer(_Runner):
                 return None
             return self._report(time.monotonic(), result, growth, gate, 0.0)
 
-    def _run(self, stop_event: threading.Event, alarm: UsageAlarm | None) -> None:
+    def _run(self, stop_event: threading.Event, wakeups: Wakeups | None) -> None:
         try:
             while True:
                 wait = self._policy.tick_interval(self._interval, time.monotonic())
                 scheduled = time.monotonic() + wait
-                if alarm is None:
+                if wakeups is None:
                     if stop_event.wait(wait):
                         return
                 else:
-                    woken = alarm.wait(wait)  # the limit's mark crossed, or stop() poked
+                    woken = wakeups.wait(wait)  # a source fired (the limit's mark...), or a poke
                     if stop_event.is_set():
                         return
                     if woken:  # not late: the reading comes now, on purpose
                         scheduled = time.monotonic()
+                        self._woken(woken)
                 try:
                     self._tick(lag=max(0.0, time.monotonic() - scheduled))
                 except Exception:  # never let the thread die silently
                     logger.exception("BackgroundTrimmer %s: tick failed", self._name)
         finally:
-            if alarm is not None:
-                alarm.close()  # the thread owns it: stop() only pokes it
+            if wakeups is not None:
+                wakeups.close()  # the thread owns them: stop() only pokes
 
     def _forget_after_fork(self) -> None:
         # The thread was not copied into the child (its DaemonThread forgets it there).
