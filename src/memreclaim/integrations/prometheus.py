@@ -91,7 +91,7 @@ _METRICS: tuple[_Metric, ...] = (
     _Metric(
         "memreclaim_limit_bytes",
         "gauge",
-        "The process's memory limit (cgroup or rlimit); mirrored as 0 when there is none.",
+        "The process's memory limit (cgroup or rlimit).",
         "livemax",
     ),
     _Metric(
