@@ -2,7 +2,7 @@
  *
  * Each function reads one figure the diagnosis needs and that no other part of the core gives:
  * jemalloc's small/large split and its thread-cache flush, the bytes held in glibc's thread
- * cache, mimalloc's collect and process-wide figures, where malloc puts a block, the anonymous
+ * cache, mimalloc's collect, where malloc puts a block, the anonymous
  * mappings of /proc/self/smaps with their resident bytes, blocks held for tracemalloc's
  * calibration, and pymalloc's arena figures (CPython's _PyObject_DebugMallocStats, with the
  * object allocator swapped back from tracemalloc's hook in C, GIL held, no Python code in the
@@ -186,33 +186,6 @@ static PyObject *diag_mimalloc_collect(PyObject *module, PyObject *arg)
     collect(force != 0);
     Py_END_ALLOW_THREADS
     Py_RETURN_TRUE;
-}
-
-typedef void (*mr_mi_process_info_fn)(size_t *, size_t *, size_t *, size_t *, size_t *, size_t *,
-                                      size_t *, size_t *);
-
-PyDoc_STRVAR(diag_mimalloc_process_info_doc,
-             "diag_mimalloc_process_info() -> (current_rss, peak_rss, current_commit,\n"
-             "                                 peak_commit, page_faults) | None\n\n"
-             "mimalloc: its process-wide figures (mi_process_info), bytes (page_faults: a count).\n"
-             "The committed bytes cover every thread's heap, exited threads' included. None when\n"
-             "malloc is not mimalloc.");
-
-static PyObject *diag_mimalloc_process_info(PyObject *module, PyObject *unused)
-{
-    mr_mi_process_info_fn info = NULL;
-    void *symbol;
-    size_t elapsed = 0, user = 0, sys = 0, rss = 0, peak_rss = 0, commit = 0, peak_commit = 0,
-           faults = 0;
-    (void)module;
-    (void)unused;
-    if ((symbol = mimalloc_symbol("mi_process_info")) == NULL) {
-        Py_RETURN_NONE;
-    }
-    memcpy(&info, &symbol, sizeof(info));
-    info(&elapsed, &user, &sys, &rss, &peak_rss, &commit, &peak_commit, &faults);
-    return Py_BuildValue("(nnnnn)", (Py_ssize_t)rss, (Py_ssize_t)peak_rss, (Py_ssize_t)commit,
-                         (Py_ssize_t)peak_commit, (Py_ssize_t)faults);
 }
 
 /* ---- where malloc puts a block -------------------------------------------------------------- */
@@ -606,8 +579,6 @@ PyMethodDef mr_diag_methods[] = {
     {"diag_jemalloc_parts", diag_jemalloc_parts, METH_NOARGS, diag_jemalloc_parts_doc},
     {"diag_glibc_tcache", diag_glibc_tcache, METH_NOARGS, diag_glibc_tcache_doc},
     {"diag_mimalloc_collect", diag_mimalloc_collect, METH_O, diag_mimalloc_collect_doc},
-    {"diag_mimalloc_process_info", diag_mimalloc_process_info, METH_NOARGS,
-     diag_mimalloc_process_info_doc},
     {"diag_probe_address", diag_probe_address, METH_O, diag_probe_address_doc},
     {"diag_anon_mappings", (PyCFunction)(void (*)(void))diag_anon_mappings, METH_FASTCALL,
      diag_anon_mappings_doc},

@@ -344,19 +344,21 @@ def _read_after(alloc: str, points: list[_Point], base: _Point) -> After:
     after_trim = stats()
     parts, owned, _ = _heap(alloc)
     mi = _mimalloc.current() if alloc == "mimalloc" else None
+    mapped = None
     if mi is not None and parts is not None:
         for p in {id(p): p for p in [base, *points]}.values():
             if p.mimalloc is not None:
                 p.parts, p.owned = mi.parts(p.mimalloc)
+                p.mapped = mi.resident(p.mimalloc[0]) if p.mimalloc[0] else None
         parts, owned = mi.parts(mi.last)
-    info = _core.diag_mimalloc_process_info() if alloc == "mimalloc" else None
+        mapped = mi.resident(mi.last[0]) if mi.last[0] else None
     return After(
         trim=result,
         anon=after_trim.rss_anon,
         parts=parts,
         owned=owned,
         pymalloc=_pymalloc(),
-        committed=None if info is None else info[2],
+        mapped=mapped,
         arena_free=_thread_arena_free,
         pool_reclaimable=_pool_reclaimable,
     )

@@ -42,7 +42,7 @@ class After:
     parts: dict[str, int] | None  # the allocator's in-use bytes per part
     owned: int | None  # what the allocator owns
     pymalloc: tuple[int, int] | None  # (arena bytes, allocated bytes)
-    committed: int | None = None  # mimalloc: process-wide committed bytes
+    mapped: int | None = None  # mimalloc: resident bytes of its mappings
     arena_free: Callable[[], int] = lambda: 0  # glibc: free bytes in thread arenas (read late)
     pool_reclaimable: Callable[[], int | None] = lambda: None  # empty pymalloc pools' bytes
 
@@ -278,8 +278,8 @@ def judge_native(ctx: Context) -> Native:
             leak = steady
     if ctx.alloc == "mimalloc" and "small" in base.parts:
         ctx.notes.append(
-            "mimalloc 2: native bytes are those of this thread's heap; other threads' heaps"
-            " (exited threads' too) are judged from mimalloc's process-wide committed bytes"
+            "mimalloc 2: native bytes are those of this thread's heap (with exited threads' heaps,"
+            " taken in by a collect); a live thread's leak shows in mimalloc's mappings"
         )
     elif ctx.alloc == "mimalloc":
         ctx.notes.append(
@@ -312,20 +312,14 @@ def judge_shared(ctx: Context) -> Shared:
 
 
 def other_threads_series(ctx: Context) -> list[int] | None:
-    """mimalloc 2: growth of mimalloc's process-wide committed bytes that this thread's heap
-    does not account for (other threads' heaps, exited threads' included), per point; None
-    when not mimalloc 2 or a figure is missing."""
+    """mimalloc 2: growth of the resident bytes of mimalloc's mappings (every thread's heap),
+    per point; None when not mimalloc 2 or a figure is missing."""
     base = ctx.base
-    if ctx.alloc != "mimalloc" or "small" not in (base.parts or {}):
+    if ctx.alloc != "mimalloc" or "small" not in (base.parts or {}) or base.mapped is None:
         return None
-    if base.committed is None or base.owned is None:
+    if not all(p.mapped is not None for p in ctx.points):
         return None
-    if not all(p.committed is not None and p.owned is not None for p in ctx.points):
-        return None
-    return [
-        (p.committed or 0) - base.committed - max((p.owned or 0) - base.owned, 0)
-        for p in ctx.points
-    ]
+    return [(p.mapped or 0) - base.mapped for p in ctx.points]
 
 
 def _outside(ctx: Context, p: Point, anon: int | None, owned: int | None) -> int:
@@ -354,8 +348,8 @@ class Outside:
 
 def judge_outside(ctx: Context, native: Native) -> Outside:
     """Outside malloc: anonymous RSS no allocator or arena owns, confirmed after the trim.
-    Under mimalloc 2, the part of it that other threads' heaps committed is their native
-    leak."""
+    Under mimalloc 2, the part of it that lies in mimalloc's mappings is another thread's
+    native leak (confirmed after the trim: it stays there)."""
     base, after, end = ctx.base, ctx.after, ctx.end
     if base.owned is None or base.anon is None:
         return Outside(None)
@@ -367,13 +361,13 @@ def judge_outside(ctx: Context, native: Native) -> Outside:
     if others is not None and private_leak:
         ctx.series["native, other threads"] = others
         steady, _ = steady_growth(others, limit)
-        committed_after = clip((after.committed or 0) - (base.committed or 0))
-        moved = min(steady, private_leak, committed_after)
+        mapped_after = clip((after.mapped or 0) - (base.mapped or 0))
+        moved = min(steady, private_leak, mapped_after)
         if moved >= limit:
             private_leak -= moved
             ctx.notes.append(
-                f"{format_bytes(moved)} grew in mimalloc's committed memory outside this"
-                " thread's heap: another thread's native leak"
+                f"{format_bytes(moved)} grew in mimalloc's mappings outside this thread's"
+                " heap: another thread's native leak"
             )
         else:
             moved = 0

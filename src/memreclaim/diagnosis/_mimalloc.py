@@ -2,8 +2,11 @@
 
 2.x: the in-use bytes of the calling thread's heap, summed page by page with
 ``mi_heap_visit_blocks`` and split into small (blocks up to 64 KiB) and large blocks, so that
-small frees do not net a large leak; other threads' heaps (exited threads' too) are seen through
-mimalloc's process-wide committed bytes (``mi_process_info``). 3.x: the visit no longer sees full
+small frees do not net a large leak, after a forced ``mi_collect``: from the main thread it takes
+the heaps of exited threads (abandoned) into this thread's heap, so the walk counts their live
+blocks too; what other threads' heaps hold beyond that is judged from the resident bytes of
+mimalloc's mappings (mimalloc's process-wide committed bytes, ``mi_process_info``, move by tens
+of MiB with its segment cache: no measure of a few MiB). 3.x: the visit no longer sees full
 pages (they leave the heap's queues), so the in-use bytes cannot be read, and its committed bytes
 run ahead of use; the resident bytes of its mappings (all threads, from /proc/self/smaps) stand
 in for them: a footprint, confirmed after the trim (``mi_collect``).
@@ -89,8 +92,9 @@ class Mimalloc:
     def read(self) -> tuple[dict[str, int], int]:
         """(in-use bytes per part, owned bytes); :attr:`last` keeps what :meth:`parts` needs to
         recompute them once every mapping is known."""
-        if self.footprint:
-            _core.diag_mimalloc_collect(True)  # freed pages are purged now, not after a delay
+        # Freed pages are purged now, not after a delay; 2.x: exited threads' heaps are taken
+        # into this one (from the main thread), so the walk sees their blocks.
+        _core.diag_mimalloc_collect(True)
         maps = self._maps()
         committed = 0
         small_large = None
@@ -107,8 +111,8 @@ class Mimalloc:
         if small_large is None:
             resident = self.resident(maps)
             return {"resident": resident}, resident
-        # 2.x: other threads' heaps cannot be visited; their bytes are judged from mimalloc's
-        # process-wide committed bytes (judge_other_threads).
+        # 2.x: live threads' heaps cannot be visited; what grows in mimalloc's mappings
+        # outside this thread's heap is judged in judge_outside.
         return {"small": small_large[0], "large": small_large[1]}, committed
 
 

@@ -2,7 +2,7 @@
 
 Every figure comes from the C core (:mod:`memreclaim._core`): the allocator's in-use bytes per
 part, what it owns, anonymous/shared/file RSS, pymalloc's arenas, threads, glibc's tcache,
-mimalloc's process-wide committed bytes. Nothing here judges.
+the resident bytes of mimalloc's mappings. Nothing here judges.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ class Point:
     file: int | None = None  # RssFile: file-backed resident bytes (mapped files)
     tcache: int | None = None  # glibc: bytes in this thread's tcache (counted in "heap")
     mimalloc: Any = None  # mimalloc: what Mimalloc.read kept, to recompute parts at the end
-    #: mimalloc: its process-wide committed bytes (every thread's heap, exited threads' too)
-    committed: int | None = None
+    #: mimalloc: resident bytes of its mappings (every thread's heap), recomputed at the end
+    mapped: int | None = None
 
 
 def glibc_tcache() -> int | None:
@@ -89,14 +89,6 @@ def threads() -> int:
     return count if isinstance(count, int) else threading.active_count()
 
 
-def committed(alloc: str) -> int | None:
-    """mimalloc: its process-wide committed bytes (``mi_process_info``), else None."""
-    if alloc != "mimalloc":
-        return None
-    info = _core.diag_mimalloc_process_info()
-    return None if info is None else info[2]
-
-
 def point(alloc: str, traced: bool, tcache: bool = False) -> Point:
     """Read every component (after ``gc.collect()``). ``tcache``: also read glibc's tcache
     (tenths of a second on a fragmented heap: at the baseline and a single shot's end only;
@@ -118,7 +110,7 @@ def point(alloc: str, traced: bool, tcache: bool = False) -> Point:
         file=st.rss_file,
         tcache=held,
         mimalloc=mi.last if mi is not None else None,
-        committed=committed(alloc),
+        mapped=mi.resident(mi.last[0]) if mi is not None and mi.last[0] else None,
     )
 
 
@@ -142,7 +134,7 @@ def diff(b: Point, a: Point) -> Point:
         threads=abs(b.threads - a.threads),
         file=d(b.file, a.file),
         tcache=d(b.tcache, a.tcache),
-        committed=d(b.committed, a.committed),
+        mapped=d(b.mapped, a.mapped),
     )
 
 
