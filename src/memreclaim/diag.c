@@ -13,30 +13,41 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef MR_HAVE_ALLOC_SYMBOL
-/* Until alloc.c defines mr_alloc_symbol (branch core), a weak stand-in: the default lookup. */
-__attribute__((weak)) void *mr_alloc_symbol(const char *name)
-{
-    return dlsym(RTLD_DEFAULT, name);
-}
-#endif
-
 typedef int (*mr_mallctl_fn)(const char *, void *, size_t *, void *, size_t);
+
+/* The allocator symbols the readers call, resolved once (mr_alloc_symbol walks the link map):
+ * NULL where the object serving malloc has no such name or is another allocator. */
+static struct {
+    void *mallctl, *mallinfo2, *mi_collect;
+} diag_sym;
+static pthread_once_t diag_sym_once = PTHREAD_ONCE_INIT;
+
+static void diag_sym_resolve(void)
+{
+    mr_alloc_kind kind = mr_backend_detect()->kind;
+    diag_sym.mallctl = kind == MR_ALLOC_JEMALLOC ? mr_alloc_symbol("mallctl") : NULL;
+    diag_sym.mallinfo2 = kind == MR_ALLOC_GLIBC ? mr_alloc_symbol("mallinfo2") : NULL;
+    diag_sym.mi_collect = kind == MR_ALLOC_MIMALLOC ? mr_alloc_symbol("mi_collect") : NULL;
+}
+
+/* A field of diag_sym, the symbols resolved on first use. */
+static void *diag_symbol(void *const *field)
+{
+    (void)pthread_once(&diag_sym_once, diag_sym_resolve);
+    return *field;
+}
 
 /* ---- jemalloc ------------------------------------------------------------------------------- */
 
 static mr_mallctl_fn jemalloc_ctl(void)
 {
     mr_mallctl_fn ctl = NULL;
-    void *symbol;
-    if (mr_backend_detect()->kind != MR_ALLOC_JEMALLOC) {
-        return NULL;
-    }
-    symbol = mr_alloc_symbol("mallctl");
+    void *symbol = diag_symbol(&diag_sym.mallctl);
     memcpy(&ctl, &symbol, sizeof(ctl));
     return ctl;
 }
@@ -138,8 +149,7 @@ static PyObject *diag_glibc_tcache(PyObject *module, PyObject *unused)
     long long held;
     (void)module;
     (void)unused;
-    if (mr_backend_detect()->kind != MR_ALLOC_GLIBC ||
-        (symbol = mr_alloc_symbol("mallinfo2")) == NULL) {
+    if ((symbol = diag_symbol(&diag_sym.mallinfo2)) == NULL) {
         Py_RETURN_NONE;
     }
     memcpy(&info, &symbol, sizeof(info));
@@ -155,11 +165,6 @@ static PyObject *diag_glibc_tcache(PyObject *module, PyObject *unused)
 }
 
 /* ---- mimalloc ------------------------------------------------------------------------------- */
-
-static void *mimalloc_symbol(const char *name)
-{
-    return mr_backend_detect()->kind == MR_ALLOC_MIMALLOC ? mr_alloc_symbol(name) : NULL;
-}
 
 PyDoc_STRVAR(diag_mimalloc_collect_doc,
              "diag_mimalloc_collect(force, /) -> bool\n\n"
@@ -178,7 +183,7 @@ static PyObject *diag_mimalloc_collect(PyObject *module, PyObject *arg)
         return NULL;
     }
     force = arg == Py_True;
-    if ((symbol = mimalloc_symbol("mi_collect")) == NULL) {
+    if ((symbol = diag_symbol(&diag_sym.mi_collect)) == NULL) {
         Py_RETURN_FALSE;
     }
     memcpy(&collect, &symbol, sizeof(collect));
@@ -538,6 +543,7 @@ PyDoc_STRVAR(diag_pymalloc_doc,
 static PyObject *diag_pymalloc(PyObject *module, PyObject *arg)
 {
     mr_dump_fn dump = NULL;
+    /* CPython's own function (not an allocator symbol), looked up: its declaration is private. */
     void *symbol = dlsym(RTLD_DEFAULT, "_PyObject_DebugMallocStats");
     PyMemAllocatorEx hooked = {NULL, NULL, NULL, NULL, NULL}, original = hooked;
     char *buf = NULL;

@@ -9,9 +9,6 @@
 
 #include "memreclaim.h"
 
-/* The symbol `name` of the object that serves malloc in this process, or NULL (alloc.c). */
-void *mr_alloc_symbol(const char *name);
-
 extern PyMethodDef mr_diag_methods[];
 
 #endif /* MEMRECLAIM_DIAG_H */
