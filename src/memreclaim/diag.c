@@ -143,10 +143,10 @@ PyDoc_STRVAR(diag_glibc_tcache_doc,
 
 static PyObject *diag_glibc_tcache(PyObject *module, PyObject *unused)
 {
-    mr_mallinfo2_fn info = NULL;
-    void *symbol;
     void **taken;
     long long held;
+    mr_mallinfo2_fn info = NULL;
+    void *symbol;
     (void)module;
     (void)unused;
     if ((symbol = diag_symbol(&diag_sym.mallinfo2)) == NULL) {
@@ -535,10 +535,12 @@ static int run_dump(mr_dump_fn dump, PyMemAllocatorEx *original, PyMemAllocatorE
 PyDoc_STRVAR(diag_pymalloc_doc,
              "diag_pymalloc(tracing, /) -> (arena_bytes, allocated_bytes) | None\n\n"
              "Bytes in pymalloc's arenas and in its allocated blocks, from CPython's\n"
-             "_PyObject_DebugMallocStats. tracing: tracemalloc hooks the object allocator; the\n"
-             "allocator its hook wraps is put back for the call (in C, the GIL held, no Python\n"
-             "code in between) when it is CPython's own. None without pymalloc (PYTHONMALLOC=\n"
-             "malloc, another hook). OSError when no in-memory stream can be opened.");
+             "_PyObject_DebugMallocStats.\n\n"
+             "tracing: tracemalloc hooks the object allocator; the allocator its hook wraps is\n"
+             "put back for the call (in C, the GIL held, no Python code in between) when it is\n"
+             "CPython's own.\n\n"
+             "None without pymalloc (PYTHONMALLOC=malloc, another hook). OSError when no\n"
+             "in-memory stream can be opened.");
 
 static PyObject *diag_pymalloc(PyObject *module, PyObject *arg)
 {
