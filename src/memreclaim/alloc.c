@@ -71,6 +71,7 @@ static struct {
 
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static const mr_backend *detected;
+static uintptr_t allocator_key; /* the object whose names `sym` holds; 0 when unknown */
 static char version_text[64];
 static char via_text[256];     /* the forwarding wrapper above glibc, or "" */
 static char reason_text[1024]; /* why memreclaim cannot act on this allocator, or "" */
@@ -863,6 +864,7 @@ static void detect(void)
      * interpose malloc themselves). */
     const char *probe = getenv("MEMRECLAIM_TEST_MALLOC_SYMBOL");
     mr_object server, ignored, below;
+    uintptr_t detected_key;
 
     if (probe == NULL || *probe == '\0') {
         probe = "malloc";
@@ -876,6 +878,7 @@ static void detect(void)
         return;
     }
     detected = classify(server.key);
+    detected_key = server.key;
     if (detected->kind == MR_ALLOC_UNKNOWN) {
         bool is_glibc = sym.gnu_get_libc_version != NULL;
         const mr_backend *next = &backends[MR_ALLOC_UNKNOWN];
@@ -886,6 +889,7 @@ static void detect(void)
         if (next->kind != MR_ALLOC_UNKNOWN && malloc_lands_in(next)) {
             /* A forwarding wrapper: the memory is in the allocator below it. */
             detected = next;
+            detected_key = below.key;
             (void)snprintf(via_text, sizeof(via_text), "%s", server.path);
         } else if (next->kind != MR_ALLOC_UNKNOWN) {
             (void)snprintf(reason_text, sizeof(reason_text),
@@ -909,6 +913,7 @@ static void detect(void)
         memset(&sym, 0, sizeof(sym));
         return;
     }
+    allocator_key = detected_key;
 
     /* Glibc's own symbols are only usable when glibc serves malloc. */
     if (detected->kind != MR_ALLOC_GLIBC) {
@@ -968,6 +973,30 @@ const mr_backend *mr_backend_detect(void)
 {
     (void)pthread_once(&detect_once, detect);
     return detected;
+}
+
+/* Names of glibc's own interface: usable only when glibc serves malloc (another allocator's
+ * object may define some of them for compatibility, with other meanings). */
+static bool glibc_only(const char *name)
+{
+    static const char *const names[] = {"malloc_trim", "mallinfo2",   "mallinfo",
+                                        "mallopt",     "malloc_info", NULL};
+    for (size_t i = 0; names[i] != NULL; i++) {
+        if (strcmp(names[i], name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+void *mr_alloc_symbol(const char *name)
+{
+    const mr_backend *backend = mr_backend_detect();
+    if (name == NULL || allocator_key == 0 ||
+        (backend->kind != MR_ALLOC_GLIBC && glibc_only(name))) {
+        return NULL;
+    }
+    return lookup(name, allocator_key);
 }
 
 const char *mr_backend_version(void)

@@ -193,6 +193,16 @@ typedef struct mr_backend {
 /* Resolve the optional symbols (once per process; idempotent and thread-safe) and return the
  * backend serving malloc in this process. Never NULL. */
 const mr_backend *mr_backend_detect(void);
+/* The address of `name` as the program's calls to it reach the object that serves malloc (the
+ * allocator below a forwarding wrapper), by the rule detection applies to its own names: the
+ * object's dynamic symbol table (not a PLT stub), and only when calls to `name` go to that object
+ * (a library bundling a private copy does not count); glibc's own names (malloc_trim, mallinfo2,
+ * mallinfo, mallopt, malloc_info) only when glibc serves malloc. NULL when absent, when `name` is
+ * NULL or when the allocator is unknown. Runs detection first if needed. Thread-safe, pure C, with
+ * or without the GIL (it walks the link map under the dynamic loader's lock); not cached: call it
+ * once and keep the answer. A function's address is converted with
+ * *(void **)(&fn) = mr_alloc_symbol("name"). */
+void *mr_alloc_symbol(const char *name);
 /* The detected allocator's version string (read at detection), or NULL when it does not say. */
 const char *mr_backend_version(void);
 /* The forwarding wrapper (path of the object defining malloc) when malloc is glibc's reached
