@@ -539,7 +539,8 @@ PyDoc_STRVAR(diag_pymalloc_doc,
              "tracing: tracemalloc hooks the object allocator; the allocator its hook wraps is\n"
              "put back for the call (in C, the GIL held, no Python code in between) when it is\n"
              "CPython's own.\n\n"
-             "None without pymalloc (PYTHONMALLOC=malloc, another hook). OSError when no\n"
+             "None without pymalloc (PYTHONMALLOC=malloc, another hook, a free-threaded\n"
+             "build). OSError when no\n"
              "in-memory stream can be opened.");
 
 static PyObject *diag_pymalloc(PyObject *module, PyObject *arg)
@@ -558,6 +559,11 @@ static PyObject *diag_pymalloc(PyObject *module, PyObject *arg)
                      Py_TYPE(arg)->tp_name);
         return NULL;
     }
+#ifdef Py_GIL_DISABLED
+    /* Free-threaded builds serve objects from mimalloc, not pymalloc, and no GIL keeps other
+     * threads out of the allocator swap below: nothing to read, and nothing to swap. */
+    symbol = NULL;
+#endif
     if (symbol == NULL) {
         Py_RETURN_NONE;
     }
