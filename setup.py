@@ -26,8 +26,9 @@ core = Extension(
         "src/memreclaim/detect.c",
         "src/memreclaim/backends.c",
         "src/memreclaim/thp.c",
+        "src/memreclaim/diag.c",
     ],
-    depends=["src/memreclaim/memreclaim.h"],
+    depends=["src/memreclaim/memreclaim.h", "src/memreclaim/diag.h"],
     libraries=["dl"],
     extra_compile_args=["-std=c11", "-Wall", "-Wextra"],
 )

@@ -114,7 +114,12 @@ class Load:
 
 
 def instrument_trim(windows: list[tuple[float, float]]) -> None:
-    """Record [start, end] of every trim the watchdog makes (in its thread)."""
+    """Record [start, end] of every trim the watchdog makes (in its thread).
+
+    The runners call the public ``memreclaim.trim``; :func:`scenario` checks that every trim
+    the watchdog counted was recorded here, so a runner that stops calling it fails the run
+    instead of leaving its rows without trims.
+    """
     original = memreclaim.trim
 
     def timed(*, pools: bool = False) -> memreclaim.TrimResult:
@@ -124,7 +129,7 @@ def instrument_trim(windows: list[tuple[float, float]]) -> None:
         finally:
             windows.append((start, time.perf_counter()))
 
-    setattr(watchdog_module, "trim", timed)  # noqa: B010 - the module's private import
+    memreclaim.trim = timed
 
 
 def summarise(probe: Probe, windows: list[tuple[float, float]], settle: float) -> dict[str, Any]:
@@ -207,6 +212,11 @@ async def scenario(name: str, seed: int) -> dict[str, Any]:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)
         counters = watchdog.counters
+        if counters.trims != len(windows):
+            raise RuntimeError(
+                f"the watchdog counted {counters.trims} trim(s) but {len(windows)} went through"
+                " memreclaim.trim: the instrument missed them"
+            )
         released = counters.bytes_released
         result["watchdog"] = {
             "trims": counters.trims,

@@ -32,7 +32,7 @@ CASE = textwrap.dedent(
     """
     import json, mmap, sys, threading, time
     import memreclaim
-    import memreclaim.watchdog as wd
+    import memreclaim.runners._base as wd
     from memreclaim import BackgroundTrimmer
     from memreclaim._core import TrimResult
 

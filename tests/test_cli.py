@@ -311,6 +311,12 @@ def test_inspect_bad_pid_is_a_usage_error(pid: str) -> None:
     assert_usage_error(cli("inspect", "--", pid), "PID")
 
 
+def test_pid_past_the_kernel_range_is_a_usage_error() -> None:
+    """A PID no kernel hands out (over 2**31 - 1) is refused by the parser, not a traceback."""
+    for args in (("inspect", str(1 << 40)), ("trim", "--pid", str(1 << 31))):
+        assert_usage_error(cli(*args), "<= 2147483647")
+
+
 # ---------------------------------------------------------------- run
 
 SPIKE_SCRIPT = textwrap.dedent(

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import memreclaim
-from memreclaim import _limits as limits_mod
+from memreclaim import memlimits as limits_mod
 from memreclaim._limits import UNLIMITED, Limits, read_limits
 
 MiB = 1 << 20

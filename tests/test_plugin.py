@@ -607,3 +607,37 @@ def test_scenarios_through_marker_and_fixture(
                 assert hits and words in hits[0], f"{alloc} {node}:\n{result.stdout.str()}"
             else:
                 assert f"PASSED {node}" in lines, f"{alloc} {node}:\n{result.stdout.str()}"
+
+
+def test_repeat_calls_the_test_with_its_own_arguments(pytester: pytest.Pytester) -> None:
+    """Warm-up and extra runs get what pytest passes: fixtures and parametrized arguments the
+    function names, not autouse fixtures it does not name, and a default left as it is."""
+    make(
+        pytester,
+        """
+        SEEN = []
+
+        @pytest.fixture(autouse=True)
+        def hidden():
+            return "autouse"
+
+        @pytest.fixture
+        def thing():
+            return "fixture"
+
+        @pytest.mark.parametrize("n", [7])
+        @pytest.mark.no_leak(limit="64 MiB", repeat=2, warmup=1)
+        def test_args(thing, n, tail="default"):
+            SEEN.append((thing, n, tail))
+
+        class TestMethod:
+            @pytest.mark.no_leak(limit="64 MiB", repeat=2)
+            def test_method(self, thing):
+                SEEN.append(("method", thing))
+
+        def test_saw_every_call():
+            assert SEEN == [("fixture", 7, "default")] * 3 + [("method", "fixture")] * 2
+        """,
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=3)

@@ -423,7 +423,7 @@ def test_recorded_uvicorn_trace_trims_after_the_burst() -> None:
 def test_limit_auto_takes_the_cgroup_limit_or_memory_high(monkeypatch: pytest.MonkeyPatch) -> None:
     """limit="auto" (the default): the lower of the cgroup's hard limit and memory.high; an
     address-space rlimit alone is not an RSS limit; no limit at all is off."""
-    from memreclaim import _limits
+    from memreclaim import memlimits as _limits
 
     def fake(**fields: object) -> Callable[..., _limits.Limits]:
         return lambda refresh=False: _limits.Limits(**fields)  # type: ignore[arg-type]

@@ -281,3 +281,24 @@ def test_cli_trim_pid_through_remote_exec(spiking: Callable[..., Target]) -> Non
         "the 3.14 target's anonymous RSS to drop",
         lambda: anon(target.pid) < target.base + spike / 2,
     )
+
+
+def test_remote_answers_have_the_local_keys(spiking: Callable[..., Target]) -> None:
+    """``stats --pid --json``'s result is the document ``stats --json`` prints; ``trim --pid``'s
+    is every TrimResult field (both built with memreclaim.asdict)."""
+    target = spiking()
+    local = cli("stats", "--json")
+    assert local.returncode == 0, local.stderr
+    remote_stats = cli("stats", "--pid", str(target.pid), "--json")
+    assert remote_stats.returncode == 0, remote_stats.stderr
+    figures = json.loads(remote_stats.stdout)["result"]
+    assert list(figures) == list(json.loads(local.stdout))
+    assert figures["pid"] == target.pid
+    text = cli("stats", "--pid", str(target.pid))
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith(f"pid {target.pid}, Python {sys.version.split()[0]}")
+    assert "rss_anon" in text.stdout
+    trimmed = cli("trim", "--pid", str(target.pid), "--json", "--method", "signal")
+    assert trimmed.returncode == 0, trimmed.stderr
+    result = json.loads(trimmed.stdout)["result"]
+    assert list(result) == list(memreclaim.TrimResult.__match_args__)

@@ -279,7 +279,7 @@ def test_watchdog_trim_error_is_logged_not_fatal(
 def test_tick_errors_are_logged_not_fatal(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memreclaim.watchdog as wd
+    import memreclaim.runners._base as wd
 
     real_rss = memreclaim.rss
     failures = {"left": 3}
@@ -835,7 +835,7 @@ def test_watchdog_whose_loop_closed_without_stop_restarts_on_a_new_loop() -> Non
 
 
 def test_two_runners_share_one_trim_lock_and_count_each_trim_once() -> None:
-    import memreclaim.watchdog as wd
+    import memreclaim.runners._base as wd
     from memreclaim import _accounting
 
     trimmer_a = BackgroundTrimmer(slack="1 MiB", min_interval=0.001)
@@ -1067,7 +1067,7 @@ def test_a_pool_the_trims_miss_is_retested_not_learnt(run_python: Any) -> None:
 
 REGROWTH = """
 import mmap, threading, time
-import memreclaim.watchdog as wd
+import memreclaim.runners._base as wd
 from memreclaim import BackgroundTrimmer, PacingPolicy
 from memreclaim._core import TrimResult
 

@@ -24,6 +24,7 @@ from ._core import (
     UnsupportedAllocatorError,
     allocator,
     allocator_version,
+    collect_thread,
     heap_stats,
     malloc_info,
     pin_mmap_threshold,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._limits import Limits, limits
+    from ._process import ProcessMemory, inspect
     from .diagnosis import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
     from .glibc import ArenaInfo, arenas, set_arena_max
     from .pools import (
@@ -78,6 +80,7 @@ _LAZY_EXPORTS = {
         ("BackgroundTrimmer", "Counters", "PacingPolicy", "TrimEvent", "Watchdog"), "watchdog"
     ),
     **dict.fromkeys(("Limits", "limits"), "_limits"),
+    **dict.fromkeys(("ProcessMemory", "inspect"), "_process"),
     "install_signal_handler": "remote",
 }
 
@@ -115,6 +118,7 @@ __all__ = [
     "PacingPolicy",
     "PoolReclaimStatus",
     "PoolReclaimUnavailable",
+    "ProcessMemory",
     "Report",
     "Snapshot",
     "TrimEvent",
@@ -127,11 +131,14 @@ __all__ = [
     "allocator_version",
     "ameasure",
     "arenas",
+    "asdict",
+    "collect_thread",
     "diagnose",
     "enable_pool_reclaim",
     "estimate_pool_reclaim",
     "format_bytes",
     "heap_stats",
+    "inspect",
     "install_signal_handler",
     "limits",
     "malloc_info",
@@ -178,7 +185,7 @@ def trim(*, pools: bool = False) -> TrimResult:
     also leaves mimalloc's ``abandoned_page_decommit`` on: a thread that exits afterwards gives
     its free pages back as it exits. What it cannot reach there: memory freed under a delay by
     the main thread (see :func:`set_purge_delay`) or by another live thread (see
-    ``memreclaim._core.collect_thread``).
+    :func:`collect_thread`).
     """
     result = _core.trim(pools=pools, libraries=_libraries.releasers())
     if result.reason is not None:
@@ -230,3 +237,56 @@ async def trim_async(*, pools: bool = False) -> TrimResult:
     import asyncio  # not at import time: `import memreclaim` stays light
 
     return await asyncio.to_thread(trim, pools=pools)
+
+
+def asdict(result: object) -> dict[str, Any]:
+    """A result as a plain dict, for JSON: every field by name, in the result's field order.
+
+    The one dict form of every result type: the C core's struct sequences (:class:`TrimResult`,
+    :class:`MemoryStats`, :class:`HeapStats`), the frozen dataclasses of the Python layers
+    (:class:`ProcessMemory`, :class:`Limits`, :class:`Counters`, :class:`TrimEvent`, ...) and
+    named tuples. Results nested in fields (``MemoryStats.heap``) become dicts the same way;
+    mappings (``parts``, ``figures``, ``libraries``, read-only mapping proxies) become new dicts;
+    tuples and lists become lists; other values are kept as they are. The command line's
+    ``--json`` output and the answers of ``trim --pid`` / ``stats --pid`` are built with it, so
+    their keys are the fields' names.
+
+    Raises:
+        TypeError: ``result`` is not a result (a class, a plain tuple, a dict, ...).
+    """
+    names = _field_names(result)
+    if names is None:
+        raise TypeError(
+            "asdict() takes a result (a struct sequence, a dataclass instance or a named"
+            f" tuple), not {type(result).__name__}"
+        )
+    return {name: _plain(getattr(result, name)) for name in names}
+
+
+def _field_names(value: object) -> tuple[str, ...] | None:
+    """The field names of a result, or None when ``value`` is not one."""
+    cls = type(value)
+    if isinstance(value, tuple):
+        visible = getattr(cls, "__match_args__", None)
+        if isinstance(getattr(cls, "n_sequence_fields", None), int) and isinstance(visible, tuple):
+            reduced = value.__reduce__()  # a struct sequence: (type, (visible, hidden fields))
+            hidden = reduced[1][1] if isinstance(reduced, tuple) else {}
+            return (*visible, *hidden)
+        fields = getattr(cls, "_fields", None)  # a named tuple
+        return tuple(fields) if isinstance(fields, tuple) else None
+    if hasattr(cls, "__dataclass_fields__") and not isinstance(value, type):
+        import dataclasses  # already imported: the result's class is a dataclass
+
+        return tuple(field.name for field in dataclasses.fields(value))  # type: ignore[arg-type]
+    return None
+
+
+def _plain(value: object) -> object:
+    if _field_names(value) is not None:
+        return asdict(value)
+    keys = getattr(value, "keys", None)
+    if callable(keys) and not isinstance(value, type):  # a dict, a read-only mapping proxy ...
+        return {key: _plain(value[key]) for key in keys()}  # type: ignore[index]
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    return value

@@ -1,15 +1,43 @@
-"""glibc-specific views: malloc_info() parsed per arena, and the arena-limit knob with its check."""
+"""Every glibc heuristic of the package: ``malloc_info()`` parsed per arena, the arena-limit knob
+with its check, and the thread-arena fix the runners apply in threaded servers.
+
+glibc's ``malloc_trim`` does not shrink the tops of non-main thread arenas. When thread arenas keep
+memory after a trim (:func:`arenas_retaining`), fixing the trim threshold
+(:func:`fix_thread_trim_threshold`) makes a free at such a top give it back, and a free of a chunk
+of 64 KiB or more in that arena (:func:`nudge_arena`, made in the thread that owns it) is such a
+free. The runners (:mod:`memreclaim.runners`) decide when; the diagnosis reads
+:func:`arenas_retaining` too.
+"""
 
 from __future__ import annotations
 
 import warnings
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from . import _core
+from . import _core, _validate
 from ._core import UnsupportedAllocatorError
 
-__all__ = ["ArenaInfo", "arenas", "set_arena_max"]
+if TYPE_CHECKING:
+    import xml.etree.ElementTree as ET
+
+__all__ = [
+    "NUDGE_BYTES",
+    "THREAD_TRIM_THRESHOLD",
+    "ArenaInfo",
+    "arenas",
+    "arenas_retaining",
+    "fix_thread_trim_threshold",
+    "nudge_arena",
+    "set_arena_max",
+]
+
+THREAD_TRIM_THRESHOLD = 128 * 1024
+"""The trim threshold :func:`fix_thread_trim_threshold` sets (bytes)."""
+
+NUDGE_BYTES = 96 * 1024
+"""The chunk :func:`nudge_arena` frees: >= glibc's FASTBIN_CONSOLIDATION_THRESHOLD (64 KiB), the
+size of a free that makes glibc trim its arena's top, and under any mmap threshold (>= 128 KiB)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +74,8 @@ def arenas() -> list[ArenaInfo]:
     Raises:
         UnsupportedAllocatorError: when glibc does not serve malloc.
     """
+    import xml.etree.ElementTree as ET  # costs ~1 MiB of RSS: loaded when first asked
+
     root = ET.fromstring(_core.malloc_info())
     result = []
     for heap in root.findall("heap"):
@@ -94,3 +124,56 @@ def set_arena_max(n: int) -> None:
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+def arenas_retaining(slack: int) -> tuple[int, int] | None:
+    """(thread arenas, bytes they map) when two or more thread arenas (not the main one) map more
+    than ``slack`` bytes between them; None otherwise, and when glibc does not serve malloc.
+
+    One parse of ``malloc_info()`` (microseconds to a few ms on a fragmented heap).
+
+    Raises:
+        TypeError: ``slack`` is not an int or a size string.
+        ValueError: ``slack`` is negative or not a size.
+    """
+    slack = _validate.size("slack", slack, allow_zero=True)
+    if _core.allocator() != "glibc":
+        return None
+    try:
+        others = [arena for arena in arenas() if arena.nr != 0]
+    except UnsupportedAllocatorError:  # glibc without malloc_info (hidden, or a wrapper)
+        return None
+    mapped = sum(arena.mapped for arena in others)
+    if len(others) >= 2 and mapped > slack:
+        return len(others), mapped
+    return None
+
+
+def fix_thread_trim_threshold() -> int:
+    """Fix glibc's trim threshold at :data:`THREAD_TRIM_THRESHOLD` and return it.
+
+    ``malloc_trim`` cannot shrink the tops of thread arenas; a free at a top does, when the top
+    exceeds the threshold. Fixing it also stops glibc's adaptive thresholds (as
+    ``set_trim_threshold`` does). It does not undo a top kept already: that goes back with the next
+    such free in that arena (:func:`nudge_arena`).
+
+    Raises:
+        UnsupportedAllocatorError: glibc does not serve malloc.
+    """
+    if _core.allocator() != "glibc":
+        raise UnsupportedAllocatorError(
+            f"the trim threshold is glibc's; malloc is served by {_core.allocator()}"
+        )
+    _core.set_trim_threshold(THREAD_TRIM_THRESHOLD)
+    return THREAD_TRIM_THRESHOLD
+
+
+def nudge_arena() -> None:
+    """Allocate and free one :data:`NUDGE_BYTES` chunk in the calling thread's arena.
+
+    Once the trim threshold is fixed (:func:`fix_thread_trim_threshold`), that free gives back the
+    top this thread's arena kept. Call it from the thread that owns the arena (a hook at the end of
+    a request). Harmless, and useless, under other allocators.
+    """
+    block = bytearray(NUDGE_BYTES)
+    del block

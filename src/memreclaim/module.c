@@ -10,6 +10,7 @@
  * fork generation) are set once under pthread_once.
  */
 #include "memreclaim.h"
+#include "diag.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -372,6 +373,9 @@ static int core_exec(PyObject *module)
         return -1;
     }
     if (PyModule_AddIntConstant(module, "MMAP_THRESHOLD_MAX", (long)MR_MMAP_THRESHOLD_MAX) < 0) {
+        return -1;
+    }
+    if (PyModule_AddFunctions(module, mr_diag_methods) < 0) {
         return -1;
     }
     return 0;

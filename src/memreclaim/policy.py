@@ -4,8 +4,9 @@ Every call takes ``now`` (any monotonic seconds) and the signals the caller meas
 when it has them: bytes traced by tracemalloc, the allocator's free bytes, the number of
 requests in flight), so the policy is deterministic and unit-tested with a fake clock and with
 RSS traces recorded from real servers (``tests/test_policy.py``). The runners in
-:mod:`memreclaim.watchdog` read the signals, ask :meth:`PacingPolicy.decide`, trim, and report
-the outcome with :meth:`PacingPolicy.record_trim`.
+:mod:`memreclaim.runners` read the signals, ask :meth:`PacingPolicy.decide`, trim, and report
+the outcome with :meth:`PacingPolicy.record_trim`. :meth:`PacingPolicy.decide` has two stages:
+the limit stage (at the soft limit's mark), then the normal pacing.
 
 The model is Go's heap scavenger (reclaim paced to a CPU budget) and the JVM's
 ``TrimNativeHeapInterval``, adapted to an allocator that does not say what it could give back:
@@ -81,8 +82,14 @@ Defaults: ``slack=None`` derives the trigger from the learned level, ``max(8 MiB
 (so a 60 MiB service trims after 8 MiB of growth, a 2 GiB one after 256 MiB); ``min_interval``
 1 s; ``backoff_max`` 30 s; ``cpu_budget`` 1 %; ``retest`` 8 s, ``retest_max`` 300 s.
 
-Unproductive: a trim that gave back less than ``max(min_release, release_fraction * growth)``
-(:meth:`PacingPolicy.productive`, the one definition the runners count).
+Unproductive: a trim that gave back less than ``min_release``, by default
+:data:`memreclaim._accounting.UNPRODUCTIVE_BELOW` (1 MiB: the process totals' definition), or, for
+the policy, less than ``release_fraction`` of the growth that triggered it
+(:meth:`PacingPolicy.productive`, what the runners count).
+
+Limit: ``limit=None`` means no soft limit, here and in the runners; ``limit="auto"`` is the
+limit :func:`memreclaim.memlimits.auto_limit` finds (the cgroup's), read when the policy is made:
+the runners resolve it themselves and pass bytes or None, and no rule of the policy reads a file.
 """
 
 from __future__ import annotations
@@ -92,6 +99,7 @@ import logging
 from typing import Literal
 
 from . import _validate
+from ._accounting import UNPRODUCTIVE_BELOW
 from .units import format_bytes
 
 __all__ = [
@@ -129,24 +137,11 @@ NEAR_LIMIT_FREE_READ = 0.1
 500 MiB heap)."""
 
 
-def _auto_limit() -> int | None:
-    """The memory limit ``limit="auto"`` keeps RSS under: the cgroup's, or None.
-
-    An ``RLIMIT_AS``/``RLIMIT_DATA`` limit is not used: it bounds address space, which trimming
-    does not reduce; only ``memory.high``, when set, is taken alongside it.
-    """
-    from ._limits import limits
-
-    found = limits()
-    bounds = [found.high] if found.source.startswith("rlimit") else [found.limit, found.high]
-    present = [bound for bound in bounds if bound is not None]
-    return min(present) if present else None
-
-
 class PacingPolicy:
     """Decide when to trim, from measured signals and the measured cost of past trims.
 
-    Pure: no I/O, no clock, no thread. Not thread-safe by itself (the runners lock it). One
+    Pure: no clock, no thread, no I/O (but for ``limit="auto"``, resolved once when it is made).
+    Not thread-safe by itself (the runners lock it). One
     policy per runner: it holds that runner's state.
 
     Args:
@@ -154,17 +149,18 @@ class PacingPolicy:
             triggers a trim; None derives it: ``max(8 MiB, level / 8)``.
         min_interval: seconds between two trims (> 0).
         backoff_max: cap, in seconds, of the wait after unproductive trims in a row.
-        min_release: a trim releasing less than this (bytes or string) is unproductive.
+        min_release: a trim releasing less than this (bytes or string) is unproductive
+            (default: ``UNPRODUCTIVE_BELOW``, 1 MiB, as in the process totals).
         release_fraction: ... or less than this fraction of the growth that triggered it.
         cpu_budget: fraction of wall time trims may take, over ``budget_window`` (0-1].
         budget_window: seconds of budget that may be spent at once (the credit cap).
         settle: no trim while RSS grew more than this (bytes) over the last ``settle_window``
             seconds of readings, unless no request is in flight; None: a quarter of the slack.
         settle_window: seconds of readings the rising check looks back over (> 0).
-        limit: a soft memory limit (bytes or string), ``"auto"`` (the default: the cgroup's
-            ``memory.high`` or ``memory.max``/``memory.limit_in_bytes``, whichever is lower, from
-            :func:`memreclaim.limits`, or off where the process has no memory limit), or None
-            (off).
+        limit: a soft memory limit (bytes or string); None: no limit; ``"auto"`` (the
+            default): :func:`memreclaim.memlimits.auto_limit`, the cgroup's ``memory.high`` or
+            ``memory.max``/``memory.limit_in_bytes``, whichever is lower, or no limit where the
+            process has none (read once, here: the policy's rules read no file).
         limit_fraction: fraction of ``limit`` at which trims ignore back-off and budget.
         use_traced: when tracemalloc is tracing, growth it explains (live objects) does not
             count, and a fall of traced bytes counts as a free.
@@ -184,7 +180,7 @@ class PacingPolicy:
         slack: int | str | None = None,
         min_interval: float = 1.0,
         backoff_max: float = 30.0,
-        min_release: int | str = "1 MiB",
+        min_release: int | str = UNPRODUCTIVE_BELOW,
         release_fraction: float = 0.25,
         cpu_budget: float = 0.01,
         budget_window: float = 300.0,
@@ -209,13 +205,12 @@ class PacingPolicy:
         self._budget_window = _validate.seconds("budget_window", budget_window)
         self._settle = None if settle is None else _validate.size("settle", settle, allow_zero=True)
         self._settle_window = _validate.seconds("settle_window", settle_window)
-        self._limit = (
-            _auto_limit()
-            if limit == "auto"
-            else None
-            if limit is None
-            else _validate.size("limit", limit)
-        )
+        if isinstance(limit, str) and limit == "auto":
+            from .memlimits import auto_limit  # the one resolution; the runners resolve it first
+
+            self._limit = auto_limit()
+        else:
+            self._limit = None if limit is None else _validate.size("limit", limit)
         self._limit_fraction = _validate.fraction(
             "limit_fraction", limit_fraction, allow_zero=False
         )
@@ -572,15 +567,37 @@ class PacingPolicy:
         still rising with work in flight: wait for the burst to end), ``"min-interval"``,
         ``"backoff"`` or ``"budget"`` (the CPU budget is spent).
         """
-        floor, level = self._require_reset()
+        self._require_reset()
         if in_flight is not None:
             _validate.integer("in_flight", in_flight)
         for name, value in (("in_use", in_use), ("vsize", vsize), ("mapped", mapped)):
             if value is not None:
                 _validate.integer(name, value)
         self._retesting = False
+        level, lowest = self._take_reading(now, rss, traced, free, in_use, vsize)
+        busy = rss - lowest > self.settle and not settled and in_flight != 0
+        mark = self.limit_mark
+        self._urgent = mark is not None and (rss >= mark or self._approaching(rss, level))
+        if mark is not None and rss >= mark:
+            at_limit = self._limit_stage(now, rss, level, mark, free, busy)
+            if at_limit is not None:
+                return at_limit
+        return self._pacing(now, rss, level, busy, traced, free, in_use, vsize, mapped)
+
+    def _take_reading(
+        self,
+        now: float,
+        rss: int,
+        traced: int | None,
+        free: int | None,
+        in_use: int | None,
+        vsize: int | None,
+    ) -> tuple[int, int]:
+        """Fold one reading into the state; return (the learned level now, the lowest RSS of
+        the readings in the last ``settle_window`` seconds before this one)."""
+        floor, level = self._require_reset()
         if rss < floor:
-            self._floor = floor = rss
+            self._floor = rss
         if rss < level:  # memory went back by itself: the level follows it down
             self._level = level = rss
             self._traced_level = traced
@@ -599,31 +616,45 @@ class PacingPolicy:
         if self._check_regrowth(rss, level, in_use, vsize):
             level = rss
             self._traced_level = traced
+        return level, lowest
+
+    def _limit_stage(
+        self, now: float, rss: int, level: int, mark: int, free: int | None, busy: bool
+    ) -> Decision | None:
+        """At or over the limit's mark: trim at once what was freed since the last trim, else
+        at every ``min_interval`` while the level is below the mark and the burst is over.
+        None: the normal pacing decides (the level itself is at the mark: warned once)."""
+        freed = 0 if free is None or self._free_mark is None else free - self._free_mark
+        of_limit = f"{self._limit_fraction:.0%} of limit {format_bytes(self._limit or 0)}"
+        if freed > self._min_release:  # freed since the last trim: it can go back now
+            self._reason = f"freed {format_bytes(freed)} with RSS {format_bytes(rss)} >= {of_limit}"
+            return "trim"
+        if level < mark and rss - level > self._min_release:
+            if busy:
+                return "rising"  # a trim in the middle of a burst gives nothing back
+            if self._last_trim is not None and now < self._last_trim + self._min_interval:
+                return "min-interval"
+            self._reason = f"RSS {format_bytes(rss)} >= {of_limit}"
+            return "trim"
+        if level >= mark:
+            self._warn_limit(level, mark)
+        return None
+
+    def _pacing(
+        self,
+        now: float,
+        rss: int,
+        level: int,
+        busy: bool,
+        traced: int | None,
+        free: int | None,
+        in_use: int | None,
+        vsize: int | None,
+        mapped: int | None,
+    ) -> Decision:
+        """The normal pacing: a trigger (or a re-test that is due), then the rising check, the
+        minimum interval or back-off, and the CPU budget."""
         slack = self.slack
-        limit_mark = self.limit_mark
-        self._urgent = limit_mark is not None and (
-            rss >= limit_mark or self._approaching(rss, level)
-        )
-        if limit_mark is not None and rss >= limit_mark:
-            freed = 0 if free is None or self._free_mark is None else free - self._free_mark
-            if freed > self._min_release:  # freed since the last trim: it can go back now
-                self._reason = (
-                    f"freed {format_bytes(freed)} with RSS {format_bytes(rss)} >= "
-                    f"{self._limit_fraction:.0%} of limit {format_bytes(self._limit or 0)}"
-                )
-                return "trim"
-            if level < limit_mark and rss - level > self._min_release:
-                if rss - lowest > self.settle and not settled and in_flight != 0:
-                    return "rising"  # a trim in the middle of a burst gives nothing back
-                if self._last_trim is not None and now < self._last_trim + self._min_interval:
-                    return "min-interval"
-                self._reason = (
-                    f"RSS {format_bytes(rss)} >= {self._limit_fraction:.0%} of limit "
-                    f"{format_bytes(self._limit or 0)}"
-                )
-                return "trim"
-            if level >= limit_mark:
-                self._warn_limit(level, limit_mark)
         reason = self._trigger(rss, traced, free, in_use, slack)
         if reason is None and vsize is None:
             reason = self._unaccounted(rss, mapped, slack)
@@ -638,8 +669,7 @@ class PacingPolicy:
         # check still holds: trims in the middle of a burst give nothing and would only spend
         # the minimum interval that the trim at the mark needs.
         approaching = self._approaching(rss, level)
-        rising = rss - lowest > self.settle
-        if rising and not settled and in_flight != 0:
+        if busy:
             return "rising"
         # A re-test has its own spacing (longer than the back-off's): only the minimum applies.
         wait = self._min_interval if approaching or retest else self.wait

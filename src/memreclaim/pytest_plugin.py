@@ -272,17 +272,11 @@ class MemoryFixture:
         leak per run exceeds ``leak`` and :class:`RetentionError` when ``retained`` is given and
         exceeded. Bad arguments raise TypeError/ValueError before anything runs.
         """
-        leak_limit, retained_limit, floor = self._limits(leak, retained, noise_floor)
-        report = measure(
-            workload,
-            repeat=repeat,
-            warmup=warmup,
-            noise_floor=floor,
-            trace=trace,
-            frames=frames,
+        limits = self._limits(leak, retained, noise_floor)
+        run: dict[str, Any] = {"repeat": repeat, "warmup": warmup, "trace": trace, "frames": frames}
+        return self._judged(
+            measure(workload, noise_floor=limits[2], **run), limits, "memory.measure()"
         )
-        self._judge(report, leak_limit, retained_limit, "memory.measure()")
-        return report
 
     async def ameasure(
         self,
@@ -297,16 +291,15 @@ class MemoryFixture:
         frames: int = DEFAULT_FRAMES,
     ) -> Report:
         """:meth:`measure` for a coroutine function (``await workload()`` per run)."""
-        leak_limit, retained_limit, floor = self._limits(leak, retained, noise_floor)
-        report = await ameasure(
-            workload,
-            repeat=repeat,
-            warmup=warmup,
-            noise_floor=floor,
-            trace=trace,
-            frames=frames,
+        limits = self._limits(leak, retained, noise_floor)
+        run: dict[str, Any] = {"repeat": repeat, "warmup": warmup, "trace": trace, "frames": frames}
+        return self._judged(
+            await ameasure(workload, noise_floor=limits[2], **run), limits, "memory.ameasure()"
         )
-        self._judge(report, leak_limit, retained_limit, "memory.ameasure()")
+
+    def _judged(self, report: Report, limits: tuple[int, int | None, int], source: str) -> Report:
+        """Judge ``report`` against ``(leak, retained, noise floor)``; return it if it passes."""
+        self._judge(report, limits[0], limits[1], source)
         return report
 
 
@@ -409,10 +402,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         item.stash[_SPEC] = spec
 
 
+def _test_arguments(item: pytest.Function) -> dict[str, object]:
+    """The arguments pytest passes to the test function: those of its parameters that are
+    fixtures or parametrized (in ``item.funcargs``); a parameter with a default that is neither
+    keeps its default, as pytest does."""
+    names = inspect.signature(item.obj).parameters.values()
+    plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {
+        p.name: item.funcargs[p.name] for p in names if p.kind in plain and p.name in item.funcargs
+    }
+
+
 def _call_again(item: pytest.Function) -> None:
     """Run the test function once more, outside the hook chain (warm-up and extra runs)."""
-    args = {name: item.funcargs[name] for name in item._fixtureinfo.argnames}
-    result = item.obj(**args)
+    result = item.obj(**_test_arguments(item))
     if inspect.isawaitable(result):  # an async test no plugin turned into a sync one
         if inspect.iscoroutine(result):
             result.close()

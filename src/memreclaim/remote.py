@@ -76,35 +76,33 @@ def _start_time(pid: int) -> int | None:
 # in the target: doing the work
 
 
-def _execute(command: str, pools: bool) -> dict[str, Any]:
+def _figures() -> dict[str, Any]:
+    """This process's memory figures as ``stats --json`` prints them and ``stats --pid``
+    answers: ``pid``, ``python``, ``allocator_version``, then every field of
+    :func:`memreclaim.stats` with ``heap=True`` (``heap`` None under an allocator without
+    statistics), as :func:`memreclaim.asdict` names them."""
     import platform
 
     import memreclaim
 
-    if command == "trim":
-        r = memreclaim.trim(pools=pools)
-        return {
-            "released": r.released,
-            "rss_before": r.rss_before,
-            "rss_after": r.rss_after,
-            "anon_before": r.anon_before,
-            "anon_after": r.anon_after,
-            "seconds": r.seconds,
-            "allocator": r.allocator,
-            "method": r.method,
-        }
-    st = memreclaim.stats()
+    try:
+        st = memreclaim.stats(heap=True)
+    except memreclaim.UnsupportedAllocatorError:  # an allocator without statistics
+        st = memreclaim.stats()
     return {
+        "pid": os.getpid(),
         "python": platform.python_version(),
-        "allocator": st.allocator,
-        "rss": st.rss,
-        "rss_anon": st.rss_anon,
-        "rss_file": st.rss_file,
-        "peak_rss": st.peak_rss,
-        "swap": st.swap,
-        "traced_current": st.traced_current,
-        "traced_peak": st.traced_peak,
+        "allocator_version": memreclaim.allocator_version(),
+        **memreclaim.asdict(st),
     }
+
+
+def _execute(command: str, pools: bool) -> dict[str, Any]:
+    import memreclaim
+
+    if command == "trim":
+        return memreclaim.asdict(memreclaim.trim(pools=pools))
+    return _figures()
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -131,25 +129,37 @@ def _serve(command: str, pools: bool, reply: str, via: str) -> None:
 
 class _Handler:
     def __init__(self, signum: int, directory: Path) -> None:
+        from .runners._base import DaemonThread  # the one daemon-thread lifecycle
+
         self.signum = signum
         self.directory = directory
         self.pid = os.getpid()
         self.read_fd, self.write_fd = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(self.write_fd, False)
-        self.thread = threading.Thread(target=self.run, name="memreclaim-signal", daemon=True)
+        self.thread = DaemonThread("signal handler", "memreclaim-signal", wake=self.wake)
+
+    def wake(self) -> None:
+        """Wake the helper thread (a full pipe means a wake-up is pending anyway)."""
+        with contextlib.suppress(OSError):
+            os.write(self.write_fd, b"\0")
 
     def on_signal(self, signum: int, frame: object) -> None:
         # Runs in the main thread between two bytecodes: only wake the helper, never trim here.
         if os.getpid() == self.pid:  # a forked child inherits the handler, not the thread
-            with contextlib.suppress(OSError):  # a full pipe means a wake-up is pending anyway
-                os.write(self.write_fd, b"\0")
+            self.wake()
 
-    def run(self) -> None:
-        while True:
+    def start(self) -> None:
+        """Start the helper thread (RuntimeError when it cannot start)."""
+        self.thread.start(lambda stop: (lambda: self.run(stop), None))
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
                 if not os.read(self.read_fd, 512):
                     return
             except OSError:
+                return
+            if stop.is_set():  # woken to stop (interpreter exit)
                 return
             try:
                 self.handle_requests()
@@ -248,7 +258,7 @@ def install_signal_handler(signum: int = signal.SIGUSR2) -> Path:
             os.close(handler.write_fd)
             raise
         try:
-            handler.thread.start()
+            handler.start()
         except RuntimeError:
             signal.signal(signum, previous)
             os.close(handler.read_fd)

@@ -67,7 +67,9 @@ def _scale(name: str, value: float) -> float:
 _positive_float = _argument(float, _scale, "value")
 _seconds_arg = _argument(float, _validate.seconds, "value")
 _size_arg = _argument(str, _validate.size, "value")
-_pid_arg = _argument(int, functools.partial(_validate.integer, minimum=1), "PID")
+_pid_arg = _argument(
+    int, functools.partial(_validate.integer, minimum=1, maximum=(1 << 31) - 1), "PID"
+)
 
 
 def _policy_min_interval() -> float:

@@ -22,7 +22,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import memreclaim
@@ -499,7 +499,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot.plot_demo(result, args.plot)
     if args.json:
-        data = asdict(result)
+        data = memreclaim.asdict(result)
         del data["samples"]
         print(json.dumps(data, indent=2))
     else:

@@ -1,20 +1,19 @@
 """``stats``, ``trim --pid`` and ``inspect PID``: a process's memory figures.
 
-``inspect`` reads another process's /proc files through the core's readers
-(``memreclaim._core.process_status``, ``process_rollup``, ``process_heap_mapping``): the command
-line parses no /proc file itself.
+``--json`` prints results as :func:`memreclaim.asdict` turns them into dicts: ``stats`` the same
+document as ``stats --pid``'s ``result`` (:func:`memreclaim.remote._figures`), ``trim --pid``
+every :class:`memreclaim.TrimResult` field, ``inspect`` every :class:`memreclaim.ProcessMemory`
+field. ``inspect`` reads the other process's /proc files through :func:`memreclaim.inspect`: the
+command line parses no /proc file itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from typing import Any
 
 import memreclaim
-from memreclaim import _core
 from memreclaim.units import format_bytes
 
 from ._common import CliError, show_size
@@ -53,8 +52,7 @@ def cmd_remote(args: argparse.Namespace) -> int:
             f" ({r['allocator']} {r['method']}, {r['seconds'] * 1000:.1f} ms)"
         )
     else:
-        for key, value in answer["result"].items():
-            print(f"{key:16} {value}")
+        _print_figures(answer["result"])
     return 0
 
 
@@ -62,91 +60,48 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """``stats``: this interpreter's memory figures."""
     if getattr(args, "pid", None) is not None:
         return cmd_remote(args)
-    try:
-        st = memreclaim.stats(heap=True)
-    except memreclaim.UnsupportedAllocatorError:  # an allocator without statistics
-        st = memreclaim.stats()
-    heap = st.heap
-    data: dict[str, Any] = {
-        "pid": os.getpid(),
-        "python": platform.python_version(),
-        "allocator": st.allocator,
-        "allocator_version": memreclaim.allocator_version(),
-        "rss": st.rss,
-        "rss_anon": st.rss_anon,
-        "rss_file": st.rss_file,
-        "rss_shmem": st.rss_shmem,
-        "peak_rss": st.peak_rss,
-        "swap": st.swap,
-        "traced_current": st.traced_current,
-        "traced_peak": st.traced_peak,
-        "heap": None
-        if heap is None
-        else {
-            "in_use": heap.in_use,
-            "free": heap.free,
-            "mapped": heap.mapped,
-            "figures": heap.figures,
-        },
-    }
+    from memreclaim.remote import _figures
+
+    data = _figures()
     if args.json:
         print(json.dumps(data, indent=2))
-        return 0
-    version = f" {data['allocator_version']}" if data["allocator_version"] else ""
-    print(f"pid {data['pid']}, Python {data['python']}, allocator {st.allocator}{version}")
-    for key in ("rss", "rss_anon", "rss_file", "rss_shmem", "peak_rss", "swap"):
-        print(f"  {key:<16} {show_size(data[key])}")
-    if heap is not None:
-        print(f"  {'heap in use':<16} {show_size(heap.in_use)}")
-        print(f"  {'heap free':<16} {show_size(heap.free)}")
-        print(f"  {'heap mapped':<16} {show_size(heap.mapped)}")
+    else:
+        _print_figures(data)
     return 0
 
 
-_ROLLUP_KEYS = ("pss", "private_dirty", "shared_clean", "anonymous", "anon_huge_pages")
-
-
-def _why(exc: OSError) -> str:
-    """A note for a /proc file that could not be read (the process itself exists)."""
-    if isinstance(exc, PermissionError):
-        return (
-            f"permission denied reading {exc.filename}: it needs ptrace access (the process's"
-            " own user, or root with CAP_SYS_PTRACE)"
-        )
-    return f"{exc.strerror or exc} ({exc.filename})"  # e.g. no smaps_rollup before Linux 4.14
+def _print_figures(data: dict[str, Any]) -> None:
+    """The text form of a ``stats`` document (this process's, or another's with ``--pid``)."""
+    version = f" {data['allocator_version']}" if data.get("allocator_version") else ""
+    pid, python = data.get("pid", "?"), data.get("python", "?")
+    print(f"pid {pid}, Python {python}, allocator {data['allocator']}{version}")
+    for key in ("rss", "rss_anon", "rss_file", "rss_shmem", "peak_rss", "swap"):
+        print(f"  {key:<16} {show_size(data.get(key))}")
+    heap = data.get("heap")
+    if heap is not None:
+        print(f"  {'heap in use':<16} {show_size(heap['in_use'])}")
+        print(f"  {'heap free':<16} {show_size(heap['free'])}")
+        print(f"  {'heap mapped':<16} {show_size(heap['mapped'])}")
 
 
 def inspect_pid(pid: int) -> dict[str, Any]:
-    """RSS breakdown of process ``pid``: /proc/PID/status, smaps_rollup and the [heap] mapping,
-    as the core reads them. What cannot be read is None, with a note saying why.
+    """:func:`memreclaim.inspect` as a dict (:func:`memreclaim.asdict`), its errors as
+    :class:`CliError`.
 
     Raises:
         CliError: no such process, or its /proc/PID/status is not readable.
     """
     try:
-        status = _core.process_status(pid)
+        return memreclaim.asdict(memreclaim.inspect(pid))
     except ProcessLookupError:
         raise CliError(f"no process with PID {pid}") from None
+    except PermissionError as exc:
+        raise CliError(
+            f"permission denied reading {exc.filename}: it needs ptrace access (the process's"
+            " own user, or root with CAP_SYS_PTRACE)"
+        ) from None
     except OSError as exc:
-        raise CliError(_why(exc)) from None
-    data: dict[str, Any] = {"pid": pid, **status}
-    data.update(dict.fromkeys(_ROLLUP_KEYS))
-    notes: list[str] = []
-    try:
-        data.update(_core.process_rollup(pid))
-    except ProcessLookupError:  # it exited while we read
-        raise CliError(f"no process with PID {pid}") from None
-    except OSError as exc:
-        notes.append(f"smaps_rollup: {_why(exc)}")
-    try:
-        data["heap_mapping"] = _core.process_heap_mapping(pid)
-    except ProcessLookupError:
-        raise CliError(f"no process with PID {pid}") from None
-    except OSError as exc:
-        data["heap_mapping"] = None
-        notes.append(f"maps: {_why(exc)}")
-    data["notes"] = notes
-    return data
+        raise CliError(f"{exc.strerror or exc} ({exc.filename})") from None
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

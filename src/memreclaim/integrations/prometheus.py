@@ -21,8 +21,10 @@ Every scrape reads the figures fresh (``/proc/self/statm``-cheap):
 ``memreclaim_limit_target_bytes``    gauge   the RSS the runners keep under (``limits().target()``)
 ==================================== ======= ====================================================
 
-The counters come from :func:`memreclaim._accounting.totals`, where each trim records itself
-once: they agree with the runners' own counters and never count a release twice.
+The counters come from the process-wide trim totals (``memreclaim.totals()``), where each trim
+records itself once: they agree with the runners' own counters and never count a release twice.
+In the code this table is ``_METRICS``, one row per metric, which both the collector and
+:class:`MultiprocessMirror` read.
 
 Multiprocess mode (gunicorn with ``PROMETHEUS_MULTIPROC_DIR``): prometheus_client's
 ``MultiProcessCollector`` aggregates only metrics kept in its per-process files; a custom
@@ -34,6 +36,8 @@ from __future__ import annotations
 
 import tracemalloc
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -50,6 +54,94 @@ from .. import _accounting
 __all__ = ["MemreclaimCollector", "MultiprocessMirror", "register"]
 
 
+@dataclass(frozen=True)
+class _Metric:
+    """One row of the metrics table: the collector reports it, the mirror copies it (or not)."""
+
+    name: str
+    kind: str  # "gauge", "counter" or "histogram"
+    help: str
+    mirror: Literal["liveall", "livemax", "counter"] | None = None
+    """How :class:`MultiprocessMirror` copies it: a gauge's ``multiprocess_mode``, ``"counter"``
+    for a counter (a histogram's sum, for the histogram), None: not mirrored."""
+
+
+_METRICS: tuple[_Metric, ...] = (
+    _Metric("memreclaim_rss_bytes", "gauge", "Resident set size of the process.", "liveall"),
+    _Metric(
+        "memreclaim_rss_anon_bytes",
+        "gauge",
+        "Anonymous resident bytes (the memory a trim can give back).",
+        "liveall",
+    ),
+    _Metric(
+        "memreclaim_traced_bytes", "gauge", "Bytes traced by tracemalloc (live Python allocations)."
+    ),
+    _Metric("memreclaim_trims", "counter", "Trims made in this process.", "counter"),
+    _Metric(
+        "memreclaim_trims_unproductive",
+        "counter",
+        f"Trims that gave back less than {_accounting.UNPRODUCTIVE_BELOW} bytes.",
+        "counter",
+    ),
+    _Metric(
+        "memreclaim_released_bytes", "counter", "Bytes given back to the OS by trims.", "counter"
+    ),
+    _Metric("memreclaim_trim_seconds", "histogram", "How long trims took.", "counter"),
+    _Metric(
+        "memreclaim_limit_bytes",
+        "gauge",
+        "The process's memory limit (cgroup or rlimit).",
+        "livemax",
+    ),
+    _Metric(
+        "memreclaim_limit_target_bytes",
+        "gauge",
+        "The RSS memreclaim keeps under (90% of the limit, or memory.high).",
+    ),
+)
+"""Every metric, once: name (counters without ``_total``), kind, help, and how the mirror
+copies it."""
+
+
+def _read(refresh_limits: bool) -> dict[str, Any]:
+    """Every metric's value now, by name; None: not reported (no figure)."""
+    st = memreclaim.stats()
+    totals = _accounting.totals()
+    lim = memreclaim.limits(refresh=refresh_limits)
+    traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None
+    return {
+        "memreclaim_rss_bytes": st.rss,
+        "memreclaim_rss_anon_bytes": st.rss_anon,
+        "memreclaim_traced_bytes": traced,
+        "memreclaim_trims": totals.trims,
+        "memreclaim_trims_unproductive": totals.unproductive,
+        "memreclaim_released_bytes": totals.released_bytes,
+        "memreclaim_trim_seconds": (totals.seconds, totals.seconds_buckets),
+        "memreclaim_limit_bytes": None if lim.limit is None else (lim.source, lim.limit),
+        "memreclaim_limit_target_bytes": lim.target(),
+    }
+
+
+def _family(metric: _Metric, value: Any) -> Metric:
+    """The prometheus_client metric family of one table row with its value."""
+    if metric.kind == "counter":
+        return CounterMetricFamily(metric.name, metric.help, value=value)
+    if metric.kind == "histogram":
+        total, counts = value
+        cumulative, buckets = 0, []
+        bounds = (*(repr(float(b)) for b in _accounting.SECONDS_BUCKETS), "+Inf")
+        for bound, count in zip(bounds, counts, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        return HistogramMetricFamily(metric.name, metric.help, buckets=buckets, sum_value=total)
+    if isinstance(value, tuple):  # (source, limit): the one labelled gauge
+        family = GaugeMetricFamily(metric.name, metric.help, labels=["source"])
+        family.add_metric([value[0]], value[1])
+        return family
+    return GaugeMetricFamily(metric.name, metric.help, value=value)
+
+
 class MemreclaimCollector:
     """A ``prometheus_client`` collector of this process's memreclaim figures (see the module
     docstring). ``refresh_limits=True`` re-reads the cgroup limit at every scrape (a few small
@@ -62,75 +154,20 @@ class MemreclaimCollector:
 
     def describe(self) -> Iterator[Metric]:
         """The metric names, without values (lets a registry refuse a second registration)."""
-        for name in ("rss_bytes", "rss_anon_bytes", "traced_bytes", "limit_bytes"):
-            yield GaugeMetricFamily(f"memreclaim_{name}", "")
-        yield GaugeMetricFamily("memreclaim_limit_target_bytes", "")
-        for name in ("trims", "trims_unproductive", "released_bytes"):
-            yield CounterMetricFamily(f"memreclaim_{name}", "")
-        yield HistogramMetricFamily("memreclaim_trim_seconds", "")
+        kinds = {
+            "gauge": GaugeMetricFamily,
+            "counter": CounterMetricFamily,
+            "histogram": HistogramMetricFamily,
+        }
+        for metric in _METRICS:
+            yield kinds[metric.kind](metric.name, "")
 
     def collect(self) -> Iterator[Metric]:
-        """The metrics, read now."""
-        st = memreclaim.stats()
-        yield GaugeMetricFamily(
-            "memreclaim_rss_bytes", "Resident set size of the process.", value=st.rss
-        )
-        if st.rss_anon is not None:
-            yield GaugeMetricFamily(
-                "memreclaim_rss_anon_bytes",
-                "Anonymous resident bytes (the memory a trim can give back).",
-                value=st.rss_anon,
-            )
-        if tracemalloc.is_tracing():
-            yield GaugeMetricFamily(
-                "memreclaim_traced_bytes",
-                "Bytes traced by tracemalloc (live Python allocations).",
-                value=tracemalloc.get_traced_memory()[0],
-            )
-        totals = _accounting.totals()
-        yield CounterMetricFamily(
-            "memreclaim_trims", "Trims made in this process.", value=totals.trims
-        )
-        yield CounterMetricFamily(
-            "memreclaim_trims_unproductive",
-            f"Trims that gave back less than {_accounting.UNPRODUCTIVE_BELOW} bytes.",
-            value=totals.unproductive,
-        )
-        yield CounterMetricFamily(
-            "memreclaim_released_bytes",
-            "Bytes given back to the OS by trims.",
-            value=totals.released_bytes,
-        )
-        cumulative, buckets = 0, []
-        for bound, count in zip(
-            (*(repr(float(b)) for b in _accounting.SECONDS_BUCKETS), "+Inf"),
-            totals.seconds_buckets,
-            strict=True,
-        ):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        yield HistogramMetricFamily(
-            "memreclaim_trim_seconds",
-            "How long trims took.",
-            buckets=buckets,
-            sum_value=totals.seconds,
-        )
-        lim = memreclaim.limits(refresh=self._refresh_limits)
-        if lim.limit is not None:
-            limit = GaugeMetricFamily(
-                "memreclaim_limit_bytes",
-                "The process's memory limit (cgroup or rlimit).",
-                labels=["source"],
-            )
-            limit.add_metric([lim.source], lim.limit)
-            yield limit
-        target = lim.target()
-        if target is not None:
-            yield GaugeMetricFamily(
-                "memreclaim_limit_target_bytes",
-                "The RSS memreclaim keeps under (90% of the limit, or memory.high).",
-                value=target,
-            )
+        """The metrics, read now; a gauge without a figure is left out."""
+        values = _read(self._refresh_limits)
+        for metric in _METRICS:
+            if values[metric.name] is not None:
+                yield _family(metric, values[metric.name])
 
 
 def register(
@@ -155,12 +192,14 @@ class MultiprocessMirror:
     gunicorn's ``post_request`` hook or from a thread; each call costs a ``/proc/self/statm``
     read and a few file writes.
 
-    Mirrored: ``memreclaim_trims_total``, ``memreclaim_trims_unproductive_total``,
-    ``memreclaim_released_bytes_total``, ``memreclaim_trim_seconds_total`` (the sum of trim
-    durations: the histogram's buckets cannot be rebuilt from totals) as counters summed over
-    workers, dead ones included; ``memreclaim_rss_bytes`` and ``memreclaim_rss_anon_bytes`` as
-    gauges with a ``pid`` label per live worker (``multiprocess_mode="liveall"``); the limit as
-    ``memreclaim_limit_bytes`` (``"liveMax"``). Not mirrored: ``memreclaim_traced_bytes``.
+    Mirrored (the rows of ``_METRICS`` with a ``mirror``): ``memreclaim_trims_total``,
+    ``memreclaim_trims_unproductive_total``, ``memreclaim_released_bytes_total``,
+    ``memreclaim_trim_seconds_total`` (the sum of trim durations: the histogram's buckets cannot
+    be rebuilt from totals) as counters summed over workers, dead ones included;
+    ``memreclaim_rss_bytes`` and ``memreclaim_rss_anon_bytes`` as gauges with a ``pid`` label
+    per live worker (``multiprocess_mode="liveall"``); the limit as ``memreclaim_limit_bytes``
+    (``"livemax"``, 0 when there is none). Not mirrored: ``memreclaim_traced_bytes``,
+    ``memreclaim_limit_target_bytes``.
 
     ``registry=None`` leaves the metrics unregistered (multiprocess mode collects them from the
     files, not from a registry); tests pass their own registry.
@@ -174,55 +213,30 @@ class MultiprocessMirror:
                 "registry must be a prometheus_client CollectorRegistry or None,"
                 f" not {type(registry).__name__}"
             )
-        self._trims = Counter("memreclaim_trims", "Trims made.", registry=registry)
-        self._unproductive = Counter(
-            "memreclaim_trims_unproductive",
-            "Trims that gave back less than 1 MiB.",
-            registry=registry,
-        )
-        self._released = Counter(
-            "memreclaim_released_bytes",
-            "Bytes given back by trims.",
-            registry=registry,
-        )
-        self._seconds = Counter(
-            "memreclaim_trim_seconds",
-            "Seconds spent trimming.",
-            registry=registry,
-        )
-        self._rss = Gauge(
-            "memreclaim_rss_bytes",
-            "Resident set size.",
-            multiprocess_mode="liveall",
-            registry=registry,
-        )
-        self._anon = Gauge(
-            "memreclaim_rss_anon_bytes",
-            "Anonymous resident bytes.",
-            multiprocess_mode="liveall",
-            registry=registry,
-        )
-        self._limit = Gauge(
-            "memreclaim_limit_bytes",
-            "The memory limit (0: none).",
-            multiprocess_mode="livemax",
-            registry=registry,
-        )
-        self._seen = _accounting.TrimTotals(0, 0, 0, 0.0, ())
+        self._counters: dict[str, Any] = {}
+        self._gauges: dict[str, Any] = {}
+        for metric in _METRICS:
+            if metric.mirror == "counter":
+                self._counters[metric.name] = Counter(metric.name, metric.help, registry=registry)
+            elif metric.mirror is not None:
+                self._gauges[metric.name] = Gauge(
+                    metric.name, metric.help, multiprocess_mode=metric.mirror, registry=registry
+                )
+        self._seen: dict[str, float] = {}
 
     def update(self) -> None:
         """Add the trims made since the last call, and set the gauges to the figures now."""
-        totals = _accounting.totals()
-        seen = self._seen
-        if totals.trims < seen.trims:  # totals restarted (a fork): count from zero again
-            seen = _accounting.TrimTotals(0, 0, 0, 0.0, ())
-        self._trims.inc(totals.trims - seen.trims)
-        self._unproductive.inc(totals.unproductive - seen.unproductive)
-        self._released.inc(totals.released_bytes - seen.released_bytes)
-        self._seconds.inc(max(0.0, totals.seconds - seen.seconds))
+        values = _read(False)
+        totals = {name: values[name] for name in self._counters}
+        totals["memreclaim_trim_seconds"] = values["memreclaim_trim_seconds"][0]
+        if totals["memreclaim_trims"] < self._seen.get("memreclaim_trims", 0):
+            self._seen = {}  # totals restarted (a fork): count from zero again
+        for name, counter in self._counters.items():
+            counter.inc(max(0, totals[name] - self._seen.get(name, 0)))
         self._seen = totals
-        st = memreclaim.stats()
-        self._rss.set(st.rss)
-        if st.rss_anon is not None:
-            self._anon.set(st.rss_anon)
-        self._limit.set(memreclaim.limits().limit or 0)
+        for name, gauge in self._gauges.items():
+            value = values[name]
+            if isinstance(value, tuple):  # (source, limit)
+                value = value[1]
+            if value is not None or name == "memreclaim_limit_bytes":
+                gauge.set(value or 0)

@@ -1,0 +1,483 @@
+"""The memory limit this process runs under, and where it comes from: the package's one cgroup
+discovery (the runners, the pressure watcher and the metrics read their cgroup through it).
+
+    >>> import memreclaim
+    >>> lim = memreclaim.limits()
+    >>> lim.source, lim.limit, lim.target()      # e.g. ('cgroup1', 536870912, 483183820)
+
+Sources, the tightest wins:
+
+- ``cgroup2``: ``memory.max`` (hard) and ``memory.high`` (throttling) of this process's cgroup
+  and of every ancestor up to the cgroup2 mount, found through ``/proc/self/cgroup`` and
+  ``/proc/self/mountinfo``; ``memory.current`` and the ``memory.events`` counters of its own cgroup.
+- ``cgroup1``: ``memory.limit_in_bytes`` (hard) and ``memory.soft_limit_in_bytes`` of the memory
+  controller's cgroup and its ancestors; ``memory.usage_in_bytes``, ``memory.memsw.*`` (memory plus
+  swap), ``memory.failcnt`` and the ``oom_kill`` counter of ``memory.oom_control``.
+- ``rlimit_as`` / ``rlimit_data``: ``RLIMIT_AS`` / ``RLIMIT_DATA``. They bound address space, not
+  resident memory, so they are an upper bound only (glibc reserves address space it never touches).
+- ``none``: nothing applies. An unlimited cgroup reports a huge number (``max`` in v2,
+  ``9223372036854771712`` in v1): anything at or above :data:`UNLIMITED` counts as no limit.
+
+:func:`cgroup_dirs` gives this process's cgroup directories (v2 and the v1 memory controller's,
+innermost first) for the readers that watch a cgroup's files (PSI, ``memory.events``).
+
+Read once and cached (a few small file reads); :func:`limits` ``(refresh=True)`` reads again,
+e.g. after the container was resized. ``current`` and ``events`` are figures of the moment of the
+read: refresh to see new ones.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import select
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from . import _validate
+
+__all__ = [
+    "UNLIMITED",
+    "CgroupDirs",
+    "Limits",
+    "UsageAlarm",
+    "auto_limit",
+    "cgroup_dirs",
+    "limits",
+    "read_counters",
+    "read_limits",
+]
+
+UNLIMITED = 1 << 60
+"""A limit at or above this many bytes (1 EiB) is treated as no limit."""
+
+DEFAULT_FRACTION = 0.9
+"""The share of the hard limit :meth:`Limits.target` keeps RSS under by default."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The effective memory limit of a process and where it comes from. Sizes in bytes.
+
+    ``limit`` is the hard limit (``None``: none); ``high`` the soft one the kernel throttles or
+    reclaims at (cgroup v2 ``memory.high``, cgroup v1 ``memory.soft_limit_in_bytes``; ``None``:
+    unset); ``source`` one of ``"cgroup2"``, ``"cgroup1"``, ``"rlimit_as"``, ``"rlimit_data"``,
+    ``"none"``; ``path`` the cgroup directory (or rlimit name) the limit was read from;
+    ``current`` the cgroup's usage at the read; ``swap_limit`` the cgroup's memory+swap limit
+    (v1 ``memsw``) or swap limit (v2 ``memory.swap.max``); ``events`` the cgroup's counters
+    (v2 ``memory.events``; v1 ``failcnt`` and ``oom_kill``); ``notes`` what could not be read.
+    """
+
+    source: str
+    limit: int | None
+    high: int | None = None
+    current: int | None = None
+    swap_limit: int | None = None
+    path: str | None = None
+    cgroup: str | None = None
+    events: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    notes: tuple[str, ...] = ()
+
+    def target(self, fraction: float = DEFAULT_FRACTION) -> int | None:
+        """The RSS to keep under, in bytes, or ``None`` when no limit applies.
+
+        ``fraction`` of the hard limit (default 90%), or ``high`` when that is lower.
+        """
+        fraction = _validate.fraction("fraction", fraction, allow_zero=False)
+        candidates = []
+        if self.limit is not None:
+            candidates.append(int(self.limit * fraction))
+        if self.high is not None:
+            candidates.append(self.high)
+        return min(candidates) if candidates else None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _bytes(text: str | None) -> int | None:
+    """A limit file's value in bytes; ``None`` for unreadable, ``max`` or huge values."""
+    if text is None or text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return None if value >= UNLIMITED or value < 0 else value
+
+
+def read_counters(text: str | None) -> dict[str, int]:
+    """The ``name value`` lines of a flat-keyed cgroup file (``memory.events``,
+    ``memory.oom_control``) as a dict; lines that are not a name and a count are skipped."""
+    result: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            result[parts[0]] = int(parts[1])
+    return result
+
+
+def _unescape(path: str) -> str:
+    """mountinfo octal escapes (``\\040`` for a space)."""
+    if "\\" not in path:
+        return path
+    out, i = [], 0
+    while i < len(path):
+        if path[i] == "\\" and path[i + 1 : i + 4].isdigit():
+            out.append(chr(int(path[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(path[i])
+            i += 1
+    return "".join(out)
+
+
+def _mounts(root: str) -> list[tuple[str, str, str, str]]:
+    """(fstype, mount root within the hierarchy, mount point, super options) from mountinfo."""
+    text = _read(os.path.join(root, "proc/self/mountinfo")) or ""
+    mounts = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
+            continue
+        mounts.append((tail[0], _unescape(fields[3]), _unescape(fields[4]), tail[2]))
+    return mounts
+
+
+def _cgroup_dirs(root: str, mount_root: str, mount_point: str, cgroup: str) -> list[str]:
+    """The cgroup's directory and its ancestors up to the mount point, innermost first."""
+    rel = os.path.relpath(cgroup, mount_root) if mount_root != "/" else cgroup.lstrip("/")
+    if rel.startswith(".."):  # our cgroup lies outside the mounted subtree: the mount is ours
+        rel = "."
+    base = os.path.join(root, mount_point.lstrip("/"))
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    dirs = [os.path.join(base, *parts[:n]) for n in range(len(parts), -1, -1)]
+    return [d for d in dirs if os.path.isdir(d)] or [base]
+
+
+def _tightest(dirs: tuple[str, ...], name: str) -> tuple[int | None, str | None]:
+    best: tuple[int | None, str | None] = (None, None)
+    for d in dirs:
+        value = _bytes(_read(os.path.join(d, name)))
+        if value is not None and (best[0] is None or value < best[0]):
+            best = (value, d)
+    return best
+
+
+@dataclass(frozen=True)
+class CgroupDirs:
+    """This process's cgroup directories, innermost first (its own, then its ancestors up to the
+    mount point); empty where that hierarchy is not used or not mounted.
+
+    ``v2`` is the unified hierarchy's, ``v1`` the cgroup v1 memory controller's; ``notes`` say
+    what could not be found.
+    """
+
+    v2: tuple[str, ...] = ()
+    v1: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def cgroup_dirs(root: str = "/") -> CgroupDirs:
+    """Find this process's cgroup directories through ``/proc/self/cgroup`` and
+    ``/proc/self/mountinfo``, read now. ``root`` prefixes every path (for tests on a fixture tree).
+
+    Raises:
+        TypeError: a ``root`` that is not a path.
+    """
+    if not isinstance(root, str | os.PathLike):
+        raise TypeError(f"root must be a path, not {type(root).__name__}")
+    root = os.fspath(root)
+    text = _read(os.path.join(root, "proc/self/cgroup"))
+    if text is None:
+        return CgroupDirs(notes=("/proc/self/cgroup is not readable",))
+    notes: list[str] = []
+    v2_path, v1_path = None, None
+    for line in text.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "":
+            v2_path = path
+        elif "memory" in controllers.split(","):
+            v1_path = path
+    mounts = _mounts(root)
+    v1: list[str] = []
+    v2: list[str] = []
+    if v1_path is not None:
+        mount = next((m for m in mounts if m[0] == "cgroup" and "memory" in m[3].split(",")), None)
+        if mount is None:
+            notes.append("a cgroup v1 memory controller is listed but not mounted")
+        else:
+            v1 = _cgroup_dirs(root, mount[1], mount[2], v1_path)
+    if v2_path is not None:
+        mount = next((m for m in mounts if m[0] == "cgroup2"), None)
+        if mount is None:
+            notes.append("no cgroup2 mount in /proc/self/mountinfo")
+        else:
+            v2 = _cgroup_dirs(root, mount[1], mount[2], v2_path)
+    return CgroupDirs(v2=tuple(v2), v1=tuple(v1), notes=tuple(notes))
+
+
+def _from_cgroup2(dirs: tuple[str, ...]) -> Limits | None:
+    own = dirs[0]
+    if (
+        _read(os.path.join(own, "memory.max")) is None
+        and _read(os.path.join(own, "memory.current")) is None
+    ):
+        return None  # the memory controller is not enabled for this cgroup
+    limit, where = _tightest(dirs, "memory.max")
+    high, high_where = _tightest(dirs, "memory.high")
+    swap, _ = _tightest(dirs, "memory.swap.max")
+    return Limits(
+        source="cgroup2",
+        limit=limit,
+        high=high,
+        current=_bytes(_read(os.path.join(own, "memory.current"))),
+        swap_limit=swap,
+        path=where or high_where or own,
+        cgroup=own,
+        events=MappingProxyType(read_counters(_read(os.path.join(own, "memory.events")))),
+    )
+
+
+def _from_cgroup1(dirs: tuple[str, ...]) -> Limits | None:
+    own = dirs[0]
+    if _read(os.path.join(own, "memory.limit_in_bytes")) is None:
+        return None
+    limit, where = _tightest(dirs, "memory.limit_in_bytes")
+    soft, soft_where = _tightest(dirs, "memory.soft_limit_in_bytes")
+    memsw, _ = _tightest(dirs, "memory.memsw.limit_in_bytes")
+    events: dict[str, int] = {}
+    failcnt = _read(os.path.join(own, "memory.failcnt"))
+    if failcnt is not None and failcnt.isdigit():
+        events["failcnt"] = int(failcnt)
+    oom = read_counters(_read(os.path.join(own, "memory.oom_control")))
+    if "oom_kill" in oom:
+        events["oom_kill"] = oom["oom_kill"]
+    return Limits(
+        source="cgroup1",
+        limit=limit,
+        high=soft,
+        current=_bytes(_read(os.path.join(own, "memory.usage_in_bytes"))),
+        swap_limit=memsw,
+        path=where or soft_where or own,
+        cgroup=own,
+        events=MappingProxyType(events),
+    )
+
+
+def _from_cgroups(root: str) -> tuple[Limits | None, list[str]]:
+    dirs = cgroup_dirs(root)
+    found = [
+        lim
+        for lim in (
+            _from_cgroup1(dirs.v1) if dirs.v1 else None,
+            _from_cgroup2(dirs.v2) if dirs.v2 else None,
+        )
+        if lim is not None
+    ]
+    if not found:
+        return None, list(dirs.notes)
+    # Both hierarchies can hold a memory controller only in odd set-ups: keep the tighter.
+    found.sort(key=lambda lim: (lim.limit is None, lim.limit or 0))
+    return found[0], list(dirs.notes)
+
+
+def read_limits(root: str = "/") -> Limits:
+    """Read the limits now, uncached. ``root`` prefixes ``/proc`` and every cgroup mount point
+    (for tests on a fixture tree); the rlimits are always this process's own."""
+    if not isinstance(root, str | os.PathLike):
+        raise TypeError(f"root must be a path, not {type(root).__name__}")
+    root = os.fspath(root)
+    cgroup, notes = _from_cgroups(root)
+    candidates: list[Limits] = []
+    if cgroup is not None:
+        candidates.append(cgroup)
+    for name, which in (("rlimit_as", resource.RLIMIT_AS), ("rlimit_data", resource.RLIMIT_DATA)):
+        soft, _hard = resource.getrlimit(which)
+        if soft != resource.RLIM_INFINITY and 0 <= soft < UNLIMITED:
+            candidates.append(Limits(source=name, limit=soft, path=name.upper()))
+    limited = [c for c in candidates if c.limit is not None]
+    if limited:
+        best = min(limited, key=lambda c: c.limit or 0)
+        if best.source.startswith("rlimit") and cgroup is not None:
+            # keep the cgroup's figures (usage, events, high), with the rlimit as the limit
+            best = replace(cgroup, source=best.source, limit=best.limit, path=best.path)
+        return _with_notes(best, notes)
+    if cgroup is not None:  # no hard limit, but maybe memory.high, and usage figures
+        source = cgroup.source if cgroup.high is not None else "none"
+        path = cgroup.path if cgroup.high is not None else None
+        return _with_notes(replace(cgroup, source=source, path=path), notes)
+    return Limits(source="none", limit=None, notes=tuple(notes))
+
+
+def _with_notes(lim: Limits, notes: list[str]) -> Limits:
+    return replace(lim, notes=(*lim.notes, *notes)) if notes else lim
+
+
+_lock = threading.Lock()
+_cached: Limits | None = None
+
+
+def limits(refresh: bool = False) -> Limits:
+    """The effective memory limit of this process (a frozen :class:`Limits`), read once and
+    cached; ``refresh=True`` reads the files again. ``limits().target()`` is the RSS to keep
+    under in bytes, or ``None``."""
+    global _cached
+    refresh = _validate.flag("refresh", refresh)
+    with _lock:
+        if _cached is None or refresh:
+            _cached = read_limits()
+        return _cached
+
+
+def auto_limit(refresh: bool = False) -> int | None:
+    """The soft limit ``limit="auto"`` keeps RSS under, in bytes: the lower of the cgroup's hard
+    limit and its ``memory.high`` (v1: ``memory.soft_limit_in_bytes``), or None (no limit).
+
+    An ``RLIMIT_AS``/``RLIMIT_DATA`` limit is not used: it bounds address space, which trimming
+    does not reduce; only ``memory.high``, when set, is taken alongside it. Reads :func:`limits`
+    (cached; ``refresh=True`` reads the files again).
+
+    Raises:
+        TypeError: a ``refresh`` that is not a bool.
+    """
+    found = limits(refresh)
+    bounds = [found.high] if found.source.startswith("rlimit") else [found.limit, found.high]
+    present = [bound for bound in bounds if bound is not None]
+    return min(present) if present else None
+
+
+def _eventfd_poke(fd: int) -> None:
+    """Add 1 to the eventfd ``fd`` (readable now); no-op for -1 (closed) or a full counter."""
+    if fd >= 0:
+        try:
+            os.eventfd_write(fd, 1)
+        except OSError as exc:  # the counter is full: a wake-up is pending anyway
+            if exc.errno != errno.EAGAIN:
+                raise
+
+
+class UsageAlarm:
+    """A kernel notification when a cgroup v1 memory cgroup's usage crosses ``threshold`` bytes.
+
+    ``memory.usage_in_bytes`` is registered with an eventfd through ``cgroup.event_control``. The
+    kernel checks thresholds as it charges pages (every few hundred KiB), so the eventfd becomes
+    readable within about a MiB of the crossing (upwards or downwards), however fast memory
+    grows: a runner sleeping on it (:meth:`wait`) wakes at the limit's mark instead of at its
+    next tick. The registration ends when the eventfd is closed (:meth:`close`).
+
+    cgroup v2 has no usage threshold: there, the runners' readings speed up near the limit
+    instead (:meth:`memreclaim.policy.PacingPolicy.tick_interval`).
+
+    Raises:
+        OSError: the cgroup has no ``memory.usage_in_bytes`` or ``cgroup.event_control``, or the
+            kernel refused the registration (e.g. ``EACCES`` for a cgroup this user cannot
+            write): nothing stays open.
+        ValueError: for a threshold that is not > 0.
+    """
+
+    def __init__(self, cgroup_dir: str, threshold: int) -> None:
+        self.threshold = _validate.size("threshold", threshold)
+        self.cgroup_dir = os.fspath(cgroup_dir)
+        self._lock = threading.Lock()
+        self._efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        try:
+            usage = os.open(
+                os.path.join(self.cgroup_dir, "memory.usage_in_bytes"),
+                os.O_RDONLY | os.O_CLOEXEC,
+            )
+            try:
+                control = os.open(
+                    os.path.join(self.cgroup_dir, "cgroup.event_control"),
+                    os.O_WRONLY | os.O_CLOEXEC,
+                )
+                try:
+                    os.write(control, f"{self._efd} {usage} {self.threshold}".encode())
+                finally:
+                    os.close(control)
+            finally:
+                os.close(usage)  # the kernel keeps what it needs of it
+        except BaseException:
+            os.close(self._efd)
+            raise
+
+    def fileno(self) -> int:
+        """The eventfd (readable once the threshold was crossed), or -1 once closed."""
+        return self._efd
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a crossing (or :meth:`poke`); True if one came.
+
+        Consumes the notification. Returns False at once when the alarm is closed.
+        """
+        fd = self._efd
+        if fd < 0:
+            return False
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, timeout))
+        except (OSError, ValueError):  # closed meanwhile by another thread
+            return False
+        return bool(ready) and self._drain()
+
+    def _drain(self) -> bool:
+        with self._lock:
+            if self._efd < 0:
+                return False
+            try:
+                os.eventfd_read(self._efd)
+            except BlockingIOError:
+                return False
+            return True
+
+    def poke(self) -> None:
+        """Make :meth:`wait` return now (a stopping runner wakes its thread); no-op once closed."""
+        with self._lock:
+            _eventfd_poke(self._efd)
+
+    def close(self) -> None:
+        """Unregister (close the eventfd); idempotent."""
+        with self._lock:
+            fd, self._efd = self._efd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: close this copy of the eventfd without the (maybe held) lock."""
+        fd, self._efd = self._efd, -1
+        self._lock = threading.Lock()
+        if fd >= 0:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._efd < 0 else f"fd {self._efd}"
+        return f"UsageAlarm({self.cgroup_dir!r}, threshold={self.threshold}, {state})"
+
+
+def usage_alarm(threshold: int) -> tuple[UsageAlarm | None, str]:
+    """A :class:`UsageAlarm` on this process's limiting cgroup v1, or None and why not."""
+    lim = limits()
+    if lim.source != "cgroup1" or lim.path is None:
+        return None, f"no cgroup v1 memory limit (limit source: {lim.source})"
+    try:
+        return UsageAlarm(lim.path, threshold), ""
+    except OSError as exc:
+        return None, f"cannot register a usage threshold in {lim.path}: {exc}"
+
+
+def _reset_in_child() -> None:
+    global _lock, _cached
+    _lock = threading.Lock()
+    _cached = None  # a child may be moved to another cgroup before it asks
+
+
+os.register_at_fork(after_in_child=_reset_in_child)

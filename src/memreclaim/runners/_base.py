@@ -1,0 +1,817 @@
+"""What every runner shares: the signals it reads, one trim under the process lock, its
+counters and events, fork and exit handling, and :class:`DaemonThread`, the one lifecycle of a
+daemon thread (start, stop, stop before start, a thread that cannot start) that the
+:class:`~memreclaim.runners.thread.BackgroundTrimmer`, the
+:class:`~memreclaim.runners.pressure.PressureWatcher` and other background threads of the package
+use.
+
+A runner is thin: it reads the signals (RSS from ``/proc/self/statm``, tracemalloc's traced bytes
+when tracing, the allocator's figures when the policy asks, the requests in flight that
+integrations report), asks its :class:`~memreclaim.policy.PacingPolicy` whether to trim, trims
+with :func:`memreclaim.trim` (which counts every trim once in the process-wide totals), and
+reports the outcome back to the policy, its counters, the log and the ``on_trim`` callback.
+
+- All runners of a process share one trim lock: a runner whose turn comes while another is
+  trimming skips (that trim is already giving the memory back) instead of trimming twice.
+- The floor is taken at ``start()`` / ``__aenter__`` (a spike made right after start, before
+  the first tick, is measured as growth and given back).
+- Threaded servers (``thresholds=None``, the default): glibc's ``malloc_trim`` does not shrink
+  the tops of non-main thread arenas; when a trim leaves more than ``slack`` in two or more
+  thread arenas, the runner fixes glibc's trim threshold (``set_trim_threshold(128 KiB)``,
+  which also stops the adaptive thresholds) so that frees in those threads give their tops
+  back, and logs it once. Under mimalloc 2 (a live thread's freed pages wait for that thread)
+  the same trigger, with three or more threads, sets the purge delay to 0
+  (``set_purge_delay(0)``). ``thresholds=True`` does it at start, ``False`` never.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import tracemalloc
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import memreclaim
+
+from .. import _core, _libraries, _validate, glibc
+from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
+from ..memlimits import UsageAlarm, auto_limit
+from ..policy import Decision, PacingPolicy
+from ..units import format_bytes
+from .wakeups import WAKE_KINDS, UsageAlarmSource, Wake, Wakeups, open_source
+
+__all__ = ["Counters", "DaemonThread", "Gate", "StartStop", "TrimEvent"]
+
+logger = logging.getLogger("memreclaim")
+
+Gate = Literal["idle", "deadline", "ungated", "thread", "hook"]
+
+
+# The longest interval a runner accepts: a thread waiting longer than this on an Event fails
+# with OverflowError (threading.TIMEOUT_MAX), and nobody means a trimmer that never ticks.
+MAX_INTERVAL = 3600.0
+
+# One lock for every runner of the process: two trims at once would walk the same arenas twice.
+_TRIM_LOCK = threading.Lock()
+_thresholds_set = False
+
+
+def _traced() -> int | None:
+    if tracemalloc.is_tracing():
+        return tracemalloc.get_traced_memory()[0]
+    return None
+
+
+_free_unsupported = False
+
+
+def _heap() -> HeapStats | None:
+    """The allocator's figures (glibc mallinfo2: microseconds on a tidy heap, about 3 ms on a
+    fragmented 400 MiB one), or None when it does not say."""
+    global _free_unsupported
+    if _free_unsupported:
+        return None
+    try:
+        return heap_stats()
+    except (UnsupportedAllocatorError, OSError):
+        _free_unsupported = True
+        return None
+
+
+def _free_bytes() -> int | None:
+    """The allocator's free bytes (glibc mallinfo2), or None when it does not say."""
+    heap = _heap()
+    return None if heap is None else heap.free
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _vsize() -> int | None:
+    """The mapped address space in bytes (``/proc/self/statm``'s first field), or None."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[0]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_thp_always: bool | None = None
+
+
+def _thp_is_always() -> bool:
+    """Whether transparent huge pages are ``enabled=always`` (read once per process): then
+    khugepaged may fault back in the free pages a trim released, with no allocation."""
+    global _thp_always
+    if _thp_always is None:
+        try:
+            with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode:
+                _thp_always = "[always]" in mode.read()
+        except OSError:
+            _thp_always = False
+    return _thp_always
+
+
+def _regrowth_vsize() -> int | None:
+    """The address space the policy compares regrowth with, where regrowth can happen."""
+    return _vsize() if _thp_is_always() else None
+
+
+def _in_use(heap: HeapStats | None) -> int | None:
+    """Bytes live data holds: the allocator's in-use figure plus what library pools (pyarrow's)
+    report in use, or None when the allocator does not say."""
+    if heap is None or heap.in_use is None:
+        return None
+    return heap.in_use + _libraries.in_use()
+
+
+def _mapped(heap: HeapStats | None) -> int | None:
+    """Bytes the allocator maps plus what library pools report in use, or None."""
+    if heap is None or heap.mapped is None:
+        return None
+    return heap.mapped + _libraries.in_use()
+
+
+def _mimalloc_2() -> bool:
+    """mimalloc 2.x serves malloc: memory a live thread freed stays queued in that thread."""
+    version = memreclaim.allocator_version() if memreclaim.allocator() == "mimalloc" else None
+    return version is not None and version.startswith("2.")
+
+
+def _fix_thread_thresholds(reason: str) -> bool:
+    """Make frees in other threads give their memory back, once per process; log it once.
+
+    glibc: fix the trim threshold (``malloc_trim`` cannot shrink the tops of thread arenas; a
+    free at a top does, below the threshold). mimalloc 2: the purge delay to 0 (a live thread's
+    freed pages wait for that thread's next visit to its segment; measured: a worker's 400 MiB
+    spike stays resident after any trim, 177 MiB as with ``MIMALLOC_RESET_DELAY=0``).
+    """
+    global _thresholds_set
+    if _thresholds_set:
+        return False
+    if memreclaim.allocator() == "glibc":
+        _thresholds_set = True
+        threshold = glibc.fix_thread_trim_threshold()
+        logger.info(
+            "memreclaim: set glibc's trim threshold to %s (%s): malloc_trim cannot shrink the"
+            " tops of thread arenas; a free at a top now gives it back (it does not undo a top"
+            " kept already: those go back with the next such free in that arena)",
+            format_bytes(threshold),
+            reason,
+        )
+        return True
+    if _mimalloc_2():
+        _thresholds_set = True
+        previous = memreclaim.set_purge_delay(0)
+        logger.info(
+            "memreclaim: set mimalloc's purge delay to 0 ms, was %d (%s): mimalloc 2 keeps what"
+            " a live thread freed until that thread returns to it; pages freed from now on go"
+            " back as they become free",
+            previous,
+            reason,
+        )
+        return True
+    return False
+
+
+# ---- reporting ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrimEvent:
+    """One trim made by a watchdog or trimmer, as passed to the ``on_trim`` callback."""
+
+    result: TrimResult
+    """What :func:`memreclaim.trim` returned."""
+    reason: str
+    """Why it fired, e.g. ``"growth 310.2 MiB > slack 64.0 MiB"``."""
+    gate: Gate
+    """``"idle"`` (loop was quiet), ``"deadline"`` (busy until the deadline), ``"ungated"``
+    (Watchdog with idle gating off), ``"thread"`` (BackgroundTrimmer's thread) or ``"hook"``
+    (:meth:`BackgroundTrimmer.tick` called by a hook)."""
+    growth: int
+    """Bytes of growth over the learned level when the trim fired."""
+    productive: bool
+    """False when the trim returned too little (it taught the policy the pinned level)."""
+    deferred: float
+    """Seconds the trim waited for the loop to go idle (0 for the thread trimmer)."""
+
+    @property
+    def released(self) -> int:
+        """Bytes given back (0 when /proc could not be read)."""
+        return self.result.released or 0
+
+    @property
+    def seconds(self) -> float:
+        """Seconds the trim took."""
+        return self.result.seconds
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Cumulative counters of a watchdog or trimmer (kept across stop/start)."""
+
+    ticks: int = 0
+    """Policy checks made (one RSS read each)."""
+    trims: int = 0
+    """Trims made."""
+    retest_trims: int = 0
+    """Of those, re-tests of a provisional level (see :attr:`PacingPolicy.provisional`)."""
+    unproductive_trims: int = 0
+    """Trims that returned too little (each one extends the back-off)."""
+    bytes_released: int = 0
+    """Sum of the bytes the trims gave back."""
+    trim_seconds: float = 0.0
+    """Sum of the seconds the trims took."""
+    tick_seconds: float = 0.0
+    """Wall seconds spent in the ticks themselves, trims and waits excluded."""
+    skipped_min_interval: int = 0
+    """Ticks whose trigger fired but the minimum interval had not passed."""
+    skipped_backoff: int = 0
+    """Ticks whose trigger fired but the back-off wait had not passed."""
+    skipped_rising: int = 0
+    """Ticks whose trigger fired while RSS was still rising fast (mid-spike)."""
+    skipped_budget: int = 0
+    """Ticks whose trigger fired but the CPU budget for trims was spent."""
+    skipped_concurrent: int = 0
+    """Trims skipped because another runner of this process was trimming at that moment."""
+    skipped_busy: int = 0
+    """Idle checks that found the event loop busy and deferred the trim (Watchdog only)."""
+    deadline_trims: int = 0
+    """Trims made at the idle deadline while the loop was still busy (Watchdog only)."""
+    callback_errors: int = 0
+    """Exceptions raised by the on_trim callback (logged, then ignored)."""
+    trim_errors: int = 0
+    """Exceptions raised by trim() itself (logged, then ignored)."""
+    lag_last: float = 0.0
+    """Lateness, in seconds, of the last tick's wake-up: event-loop lag for the Watchdog,
+    thread wake-up lateness (GIL contention) for the BackgroundTrimmer."""
+    lag_max: float = 0.0
+    """Largest such lateness seen."""
+    floor: int | None = None
+    """The policy's floor: the lowest RSS since start (bytes)."""
+    level: int | None = None
+    """The policy's learned level: RSS right after the last trim, or lower (bytes)."""
+    last_rss: int | None = None
+    """RSS read at the last tick (bytes)."""
+
+
+DEFAULT_WAKE_ON = ("usage-alarm", "systemd")
+"""The runners' default wake-up sources: the cgroup v1 usage alarm at a soft limit's mark, and
+systemd's memory-pressure protocol when the unit sets ``$MEMORY_PRESSURE_WATCH``."""
+
+
+def _wake_kinds(wake_on: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(wake_on, str) or not isinstance(wake_on, Iterable):
+        raise TypeError(
+            f"wake_on must be an iterable of source kinds, not {type(wake_on).__name__}"
+        )
+    kinds = tuple(wake_on)
+    for kind in kinds:
+        if kind not in WAKE_KINDS:
+            raise ValueError(f"wake_on: unknown source {kind!r} (one of {', '.join(WAKE_KINDS)})")
+    return tuple(dict.fromkeys(kinds))
+
+
+def _make_policy(
+    policy: PacingPolicy | None,
+    slack: int | str | None,
+    min_interval: float | None,
+    limit: int | str | None,
+) -> PacingPolicy:
+    """The runner's policy: ``policy`` itself, or one built from the shortcuts.
+
+    ``limit="auto"`` (the runners' default) is resolved here, not in the policy: the cgroup's
+    soft limit (:func:`memreclaim.memlimits.auto_limit`), or None; ``limit=None`` is no limit.
+    """
+    shortcuts: dict[str, object] = {
+        key: value
+        for key, value in (("slack", slack), ("min_interval", min_interval))
+        if value is not None
+    }
+    if not (isinstance(limit, str) and limit == "auto"):
+        shortcuts["limit"] = limit
+    if policy is not None:
+        _validate.instance("policy", policy, PacingPolicy)
+        if shortcuts:
+            raise TypeError(
+                f"pass either policy= or {', '.join(sorted(shortcuts))}=, not both"
+                " (set them on the PacingPolicy)"
+            )
+        return policy
+    if "limit" not in shortcuts:
+        shortcuts["limit"] = auto_limit()
+    return PacingPolicy(**shortcuts)  # type: ignore[arg-type]
+
+
+class _Runner:
+    """Signals, trimming and reporting shared by Watchdog and BackgroundTrimmer."""
+
+    _kind = "runner"
+
+    def __init__(
+        self,
+        *,
+        interval: float,
+        policy: PacingPolicy | None,
+        slack: int | str | None,
+        min_interval: float | None,
+        limit: int | str | None,
+        thresholds: bool | None,
+        pools: bool,
+        on_trim: Callable[[TrimEvent], object] | None,
+        name: str,
+        wake_on: Iterable[str],
+    ) -> None:
+        self._interval = _validate.seconds("interval", interval, maximum=MAX_INTERVAL)
+        self._policy = _make_policy(policy, slack, min_interval, limit)
+        if thresholds is not None:
+            _validate.flag("thresholds", thresholds)
+        self._thresholds = thresholds
+        self._pools = _validate.flag("pools", pools)
+        self._on_trim = _validate.callback("on_trim", on_trim, takes="a TrimEvent")
+        _validate.instance("name", name, str)
+        self._name = name
+        self._lock = threading.Lock()
+        self._counters = Counters()
+        self._in_flight = 0
+        self._requests_seen = False
+        self._wake_on = _wake_kinds(wake_on)
+        self._wakeups: Wakeups | None = None
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two ticks."""
+        return self._interval
+
+    @property
+    def policy(self) -> PacingPolicy:
+        """The pacing policy in use."""
+        return self._policy
+
+    @property
+    def counters(self) -> Counters:
+        """A snapshot of this runner's cumulative counters (safe to read from any thread)."""
+        with self._lock:
+            return self._counters
+
+    @property
+    def in_flight(self) -> int | None:
+        """Requests in flight as reported by :meth:`request_started`; None if never called."""
+        with self._lock:
+            return self._in_flight if self._requests_seen else None
+
+    def request_started(self) -> None:
+        """Tell the runner a request (or task) started: the policy waits for the burst to end."""
+        with self._lock:
+            self._requests_seen = True
+            self._in_flight += 1
+
+    def request_finished(self) -> None:
+        """Tell the runner a request (or task) finished (never goes below zero)."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+
+    def _count(self, **changes: Any) -> None:
+        with self._lock:
+            self._add(**changes)
+
+    def _add(self, **changes: Any) -> None:
+        # caller holds the lock; numeric fields are incremented, others replaced
+        current = self._counters
+        values: dict[str, Any] = {}
+        for key, change in changes.items():
+            if key in ("lag_last", "floor", "level", "last_rss"):
+                values[key] = change
+            elif key == "lag_max":
+                values[key] = max(current.lag_max, float(change))
+            else:
+                values[key] = getattr(current, key) + change
+        self._counters = Counters(**{**current.__dict__, **values})
+
+    def _check(self, now: float, lag: float, settled: bool = False) -> tuple[Decision, int]:
+        started = time.perf_counter()
+        current = rss()
+        traced = _traced()
+        with self._lock:
+            wants_heap = self._policy.wants_free(now, current)
+        heap = _heap() if wants_heap else None
+        vsize = _regrowth_vsize() if heap is not None else None
+        with self._lock:
+            in_flight = self._in_flight if self._requests_seen else None
+            decision = self._policy.decide(
+                now,
+                current,
+                traced=traced,
+                free=None if heap is None else heap.free,
+                in_flight=in_flight,
+                settled=settled,
+                in_use=_in_use(heap),
+                vsize=vsize,
+                mapped=_mapped(heap),
+            )
+            growth = self._policy.growth(current, traced)
+            skipped = {
+                "min-interval": {"skipped_min_interval": 1},
+                "backoff": {"skipped_backoff": 1},
+                "rising": {"skipped_rising": 1},
+                "budget": {"skipped_budget": 1},
+            }.get(decision, {})
+            self._add(
+                ticks=1,
+                lag_last=lag,
+                lag_max=lag,
+                last_rss=current,
+                floor=self._policy.floor,
+                level=self._policy.level,
+                tick_seconds=time.perf_counter() - started,
+                **skipped,
+            )
+        return decision, growth
+
+    def _trim(self) -> TrimResult | None:
+        """One trim under the process-wide lock; None when another runner is trimming."""
+        if not _TRIM_LOCK.acquire(blocking=False):
+            self._count(skipped_concurrent=1)
+            return None
+        try:
+            return memreclaim.trim(pools=self._pools)
+        finally:
+            _TRIM_LOCK.release()
+
+    def _report(
+        self, now: float, result: TrimResult, growth: int, gate: Gate, deferred: float
+    ) -> TrimEvent:
+        released = result.released or 0
+        rss_after = result.rss_after if result.rss_after is not None else rss()
+        heap = _heap()
+        mapped = _mapped(heap)
+        # A part it could not measure or act on: the trim may have missed memory there.
+        unreached = result.reason is not None or None in result.parts.values()
+        with self._lock:
+            reason = self._policy.reason
+            retest = self._policy.retesting
+            productive = self._policy.record_trim(
+                now,
+                growth=growth,
+                released=released,
+                rss_after=rss_after,
+                seconds=result.seconds,
+                traced=_traced(),
+                free=None if heap is None else heap.free,
+                in_use=_in_use(heap),
+                mapped=mapped,
+                vsize=_regrowth_vsize() if heap is not None else None,
+                unreached=unreached,
+            )
+            provisional = self._policy.provisional
+            retest_due = self._policy.retest_due
+            self._add(
+                trims=1,
+                retest_trims=1 if retest else 0,
+                unproductive_trims=0 if productive else 1,
+                bytes_released=released,
+                trim_seconds=result.seconds,
+                deadline_trims=1 if gate == "deadline" else 0,
+                floor=self._policy.floor,
+                level=self._policy.level,
+            )
+            slack = self._policy.slack
+            left = rss_after - (self._policy.floor or rss_after)
+        event = TrimEvent(
+            result=result,
+            reason=reason,
+            gate=gate,
+            growth=growth,
+            productive=productive,
+            deferred=deferred,
+        )
+        if provisional == "incomplete" and retest_due is not None:
+            outcome = (
+                f"; the trim missed memory: level provisional, re-test in"
+                f" {max(0.0, retest_due - now):.1f} s"
+            )
+        elif productive:
+            outcome = ""
+        else:
+            outcome = "; little was free: level learned"
+        logger.info(
+            "%s %s: trim released %s in %.1f ms (%s, gate=%s%s)%s",
+            self._kind,
+            self._name,
+            format_bytes(released),
+            result.seconds * 1000.0,
+            event.reason,
+            gate,
+            f", deferred {deferred * 1000.0:.0f} ms" if deferred else "",
+            outcome,
+        )
+        if self._thresholds is None and left > slack and threading.active_count() >= 3:
+            self._check_arenas(slack)
+        if self._on_trim is not None:
+            try:
+                self._on_trim(event)
+            except Exception:
+                self._count(callback_errors=1)
+                logger.exception("%s %s: on_trim callback raised", self._kind, self._name)
+        return event
+
+    def _check_arenas(self, slack: int) -> None:
+        if _thresholds_set:
+            return
+        if _mimalloc_2():
+            _fix_thread_thresholds(
+                f"{threading.active_count()} threads, a trim left more than"
+                f" {format_bytes(slack)} over the floor"
+            )
+            return
+        try:
+            found = glibc.arenas_retaining(slack)
+        except Exception:  # malloc_info unreadable: nothing to learn, say it once
+            logger.debug("memreclaim: could not read malloc_info", exc_info=True)
+            return
+        if found is not None:
+            count, mapped = found
+            _fix_thread_thresholds(f"{count} thread arenas map {format_bytes(mapped)} after a trim")
+
+    def _nudge_arena(self) -> None:
+        """In a hook (the worker thread): give back what this thread holds.
+
+        ``malloc_trim`` cannot shrink a thread arena's top; a free of a chunk of 64 KiB or
+        more in that arena does, once the trim threshold is fixed. Done only while the
+        thresholds are fixed and the level is more than ``slack`` over the floor, so it stops
+        once the tops are back. Under mimalloc 2 it is this thread's collect
+        (``_core.collect_thread(abandon=True)``): only the thread that freed can give back.
+        """
+        if not _thresholds_set:
+            return
+        with self._lock:
+            floor, level = self._policy.floor, self._policy.level
+            slack = self._policy.slack
+        if floor is not None and level is not None and level - floor > slack:
+            if memreclaim.allocator() == "glibc":
+                glibc.nudge_arena()
+            else:  # mimalloc 2: this thread's share (its queued pages), handed over
+                _core.collect_thread(abandon=True)
+
+    def _woken(self, wakes: list[Wake]) -> None:
+        logger.debug(
+            "%s %s: woken by %s",
+            self._kind,
+            self._name,
+            "; ".join(f"{w.kind} {w.path}: {w.detail}" for w in wakes),
+        )
+
+    def _trim_failed(self) -> None:
+        self._count(trim_errors=1)
+        logger.exception("%s %s: trim() raised", self._kind, self._name)
+
+    @property
+    def running(self) -> bool:
+        """True while the runner runs in this process (each kind says how)."""
+        raise NotImplementedError
+
+    @property
+    def limit_alarm(self) -> UsageAlarm | None:
+        """The kernel notification the thread also sleeps on while running, or None.
+
+        With a soft limit (``policy.limit``) in a cgroup v1, a running runner has registered a
+        :class:`memreclaim.memlimits.UsageAlarm` at the limit's mark: it wakes when the cgroup's
+        usage crosses it, within about a MiB of allocation, not at its next tick. Where none
+        can be registered (cgroup v2, no limit, no permission) it only ticks, faster near the
+        limit (:meth:`PacingPolicy.tick_interval`); the reason is logged at DEBUG level.
+        """
+        wakeups = self._wakeups
+        if wakeups is None or not self.running:
+            return None
+        for source in wakeups.sources:
+            if isinstance(source, UsageAlarmSource) and source.alarm.fileno() >= 0:
+                return source.alarm
+        return None
+
+    @property
+    def wake_sources(self) -> tuple[tuple[str, str], ...]:
+        """(kind, path) of each wake-up source the running runner sleeps on besides its timer
+        (see ``wake_on`` and :mod:`memreclaim.runners.wakeups`); empty when stopped."""
+        wakeups = self._wakeups
+        if wakeups is None or not self.running:
+            return ()
+        return tuple((source.kind, source.path) for source in wakeups.sources)
+
+    def _open_wakeups(self) -> Wakeups | None:
+        """The sources of ``wake_on`` that can be opened here, in one :class:`Wakeups`; why a
+        source is missing is logged (DEBUG; WARNING for a systemd unit's request)."""
+        sources = []
+        for kind in self._wake_on:
+            source, why = open_source(kind, mark=self._policy.limit_mark)
+            if source is not None:
+                sources.append(source)
+            elif why.startswith("cannot watch"):  # the unit asked for it: say why not
+                logger.warning("%s %s: %s", self._kind, self._name, why)
+            else:
+                logger.debug("%s %s: no %s wake-up: %s", self._kind, self._name, kind, why)
+        if not sources:
+            return None
+        try:
+            return Wakeups(sources)
+        except OSError as exc:  # out of descriptors: the timer alone
+            logger.warning("%s %s: no wake-ups: %s", self._kind, self._name, exc)
+            return None
+
+    def _forget_after_fork(self) -> None:
+        """Called in a forked child: drop what belongs to the parent's threads."""
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        if self._wakeups is not None:
+            self._wakeups._forget_after_fork()
+            self._wakeups = None
+
+    def _reset_policy(self) -> None:
+        if self._thresholds:
+            _fix_thread_thresholds("thresholds=True")
+        current = rss()
+        heap = _heap()
+        with self._lock:
+            in_use = _in_use(heap)
+            self._policy.reset(time.monotonic(), current, _traced(), in_use=in_use)
+            self._add(floor=current, level=current, last_rss=current)
+
+
+# ---- fork and shutdown safety ---------------------------------------------------------------
+
+_instances: weakref.WeakSet[_Runner] = weakref.WeakSet()
+
+
+class DaemonThread:
+    """The lifecycle of one daemon thread that can be started, stopped and started again.
+
+    ``start(setup)`` calls ``setup(stop_event)`` under the control lock; it opens what the thread
+    needs and returns ``(target, cleanup)``: the thread runs ``target()`` and must return soon
+    after ``stop_event`` is set; ``cleanup`` (or None) undoes ``setup`` when the thread cannot
+    start. ``stop()`` sets the event, calls ``wake`` (given at construction: it interrupts a
+    thread sleeping on a file) and joins. Guarantees, for every user:
+
+    - ``stop()`` before ``start()``, twice, or after a failed start returns True at once;
+    - a thread that cannot start (interpreter shutdown, no more threads) raises RuntimeError from
+      ``start()`` naming the owner, leaves nothing open, and stops nothing later;
+    - ``stop()`` from the thread itself only asks it to stop (no self-join);
+    - in a forked child the thread does not exist: not running, and startable again;
+    - at interpreter exit a running thread is asked to stop and joined for up to 1 s
+      (``stop_at_exit=False``: left to die with the process).
+
+    Raises:
+        TypeError: a ``kind`` or ``name`` that is not a string.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        *,
+        wake: Callable[[], None] | None = None,
+        stop_at_exit: bool = True,
+    ) -> None:
+        self._kind = _validate.instance("kind", kind, str)
+        self.name = _validate.instance("name", name, str)
+        self._wake = _validate.callback("wake", wake, takes="no argument")
+        self._stop_at_exit = _validate.flag("stop_at_exit", stop_at_exit)
+        self._thread: threading.Thread | None = None
+        self._stop_event = threading.Event()
+        self._pid = os.getpid()
+        self._control = threading.Lock()  # serialises start/stop
+        _threads.add(self)
+
+    @property
+    def running(self) -> bool:
+        """True while the thread is alive in this process."""
+        thread = self._thread
+        return thread is not None and thread.is_alive() and self._pid == os.getpid()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread, or None when not running."""
+        return self._thread if self.running else None
+
+    def start(
+        self,
+        setup: Callable[[threading.Event], tuple[Callable[[], object], Callable[[], None] | None]],
+    ) -> None:
+        """Run ``setup`` and start the thread on the target it returns.
+
+        Raises:
+            RuntimeError: when already running, or when the thread cannot start (``cleanup``
+                has run, the owner stays stopped).
+            Exception: whatever ``setup`` raises (nothing started).
+        """
+        with self._control:
+            if self.running:
+                raise RuntimeError(f"{self._kind} {self.name!r} is already running")
+            stop_event = threading.Event()
+            target, cleanup = setup(stop_event)
+            thread = threading.Thread(target=target, name=self.name, daemon=True)
+            try:
+                thread.start()
+            except BaseException as exc:
+                self._thread = None
+                if cleanup is not None:
+                    cleanup()
+                if isinstance(exc, RuntimeError):  # at shutdown, or out of threads
+                    raise RuntimeError(f"{self._kind} {self.name!r} cannot start: {exc}") from exc
+                raise
+            self._stop_event = stop_event
+            self._pid = os.getpid()
+            self._thread = thread
+
+    def stop(
+        self,
+        timeout: float | None = 5.0,
+        *,
+        stopped: Callable[[], None] | None = None,
+    ) -> bool:
+        """Ask the thread to stop, wake it, wait up to ``timeout`` seconds for it.
+
+        True when the thread has ended (or never ran); then ``stopped`` (if given) runs, under
+        the control lock. Called from the thread itself it only asks, and returns False.
+
+        Raises:
+            TypeError, ValueError: a ``timeout`` that is not a number of seconds >= 0 or None.
+        """
+        if timeout is not None:
+            timeout = _validate.seconds("timeout", timeout, allow_zero=True)
+        with self._control:
+            thread = self._thread
+            if thread is None or self._pid != os.getpid() or thread.ident is None:
+                self._thread = None
+                return True
+            self._stop_event.set()
+            if self._wake is not None:
+                self._wake()
+            if thread is threading.current_thread():
+                return False
+            thread.join(timeout)
+            if thread.is_alive():
+                return False
+            self._thread = None
+            if stopped is not None:
+                stopped()
+            return True
+
+    def _forget_after_fork(self) -> None:
+        # The thread was not copied into the child: not running there, startable again.
+        self._thread = None
+        self._stop_event = threading.Event()
+        self._control = threading.Lock()
+        self._pid = os.getpid()
+
+
+class StartStop:
+    """``with owner:`` for an owner with ``start()`` and ``stop()`` (the thread runners)."""
+
+    def start(self) -> None:
+        """Start (each owner says how)."""
+        raise NotImplementedError
+
+    def stop(self, timeout: float | None = 5.0) -> bool:
+        """Stop (each owner says how)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+_threads: weakref.WeakSet[DaemonThread] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _TRIM_LOCK
+    _TRIM_LOCK = threading.Lock()
+    for thread in list(_threads):
+        thread._forget_after_fork()
+    for instance in list(_instances):
+        instance._forget_after_fork()
+
+
+def _at_exit() -> None:
+    for thread in list(_threads):
+        if thread._stop_at_exit and thread.running:
+            thread.stop(timeout=1.0)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)

@@ -1,0 +1,249 @@
+"""runners.wakeups: one interface over the wake-up sources, with files the tests make (a FIFO, a
+socket, an eventfd, a regular file for systemd's protocol), PSI only where the kernel has it;
+and both runners sleeping on them. No timing: every wait is bounded and returns on readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import select
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import memreclaim
+from memreclaim.runners import wakeups as wk
+from memreclaim.runners.wakeups import EventsFile, PsiTrigger, SystemdPressure, Wake, Wakeups
+
+DEADLINE = 60.0  # seconds a wait may take at most; readiness ends it long before
+
+
+class _EventFd(wk.WakeSource):
+    kind = "test"
+    events = select.POLLIN
+
+    def consume(self, mask: int) -> str | None:
+        try:
+            return f"count {os.eventfd_read(self._fd)}"
+        except BlockingIOError:
+            return None
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "pressure.fifo"
+    os.mkfifo(path)
+    return path
+
+
+def _write_fifo(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # the source holds it open for reading
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def test_an_eventfd_source_and_the_poke() -> None:
+    wakeups = Wakeups([_EventFd("eventfd", os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))])
+    try:
+        assert wakeups.wait(0) == []  # nothing pending
+        (source,) = wakeups.sources
+        os.eventfd_write(source.fileno(), 3)
+        assert wakeups.wait(DEADLINE) == [Wake("test", "eventfd", "count 3")]
+        wakeups.poke()
+        assert wakeups.wait(DEADLINE) == []  # a poke wakes the sleeper with nothing to report
+        assert wakeups.wait(0) == []  # and was consumed
+    finally:
+        wakeups.close()
+    wakeups.close()  # idempotent
+    assert wakeups.wait(DEADLINE) == [] and source.fileno() == -1  # closed: returns at once
+
+
+def test_systemd_fifo(fifo: Path) -> None:
+    source, why = SystemdPressure.from_environment({"MEMORY_PRESSURE_WATCH": str(fifo)})
+    assert source is not None and why == "" and source.events == select.POLLIN
+    wakeups = Wakeups([source])
+    try:
+        assert wakeups.wait(0) == []
+        _write_fifo(fifo, b"pressure!")
+        assert wakeups.wait(DEADLINE) == [Wake("systemd", str(fifo), "pressure (9 bytes)")]
+        assert wakeups.wait(0) == []  # what arrived was read and dropped
+    finally:
+        wakeups.close()
+
+
+def test_systemd_regular_file_gets_the_write_and_cannot_be_polled(tmp_path: Path) -> None:
+    target = tmp_path / "memory.pressure"
+    target.write_text("")
+    trigger = b"some 200000 2000000\0"
+    env = {
+        "MEMORY_PRESSURE_WATCH": str(target),
+        "MEMORY_PRESSURE_WRITE": base64.b64encode(trigger).decode(),
+    }
+    source, _ = SystemdPressure.from_environment(env)
+    assert source is not None and source.events == select.POLLPRI
+    assert target.read_bytes() == trigger  # written once, as the protocol says
+    wakeups = Wakeups([source])  # a regular file is no PSI file: epoll refuses it
+    try:
+        assert wakeups.sources == ()
+        assert len(wakeups.notes) == 1 and "cannot be watched" in wakeups.notes[0]
+        assert source.fileno() == -1  # left out, and closed
+    finally:
+        wakeups.close()
+
+
+@pytest.fixture
+def unix_server(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
+    path = str(tmp_path / "pressure.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    server.settimeout(DEADLINE)
+    try:
+        yield path, server
+    finally:
+        server.close()
+
+
+def test_systemd_socket(unix_server: tuple[str, socket.socket]) -> None:
+    path, server = unix_server
+    hello = b"watch me"
+    env = {"MEMORY_PRESSURE_WATCH": path, "MEMORY_PRESSURE_WRITE": base64.b64encode(hello).decode()}
+    source, _ = SystemdPressure.from_environment(env)
+    assert source is not None and source.events == select.POLLIN
+    peer, _ = server.accept()
+    peer.settimeout(DEADLINE)
+    wakeups = Wakeups([source])
+    try:
+        assert peer.recv(64) == hello  # the write, sent once connected
+        peer.sendall(b"xx")
+        assert wakeups.wait(DEADLINE) == [Wake("systemd", path, "pressure (2 bytes)")]
+        peer.close()  # the manager went away: the source is lost, and dropped
+        assert wakeups.wait(DEADLINE) == []
+        assert wakeups.sources == () and "source lost" in wakeups.notes[-1]
+    finally:
+        peer.close()
+        wakeups.close()
+
+
+def test_systemd_environment_failure_modes(tmp_path: Path) -> None:
+    assert SystemdPressure.from_environment({}) == (None, "$MEMORY_PRESSURE_WATCH is not set")
+    source, why = SystemdPressure.from_environment({"MEMORY_PRESSURE_WATCH": "/dev/null"})
+    assert source is None and "off" in why
+    with pytest.raises(ValueError, match="not base64"):
+        SystemdPressure.from_environment(
+            {"MEMORY_PRESSURE_WATCH": str(tmp_path), "MEMORY_PRESSURE_WRITE": "***"}
+        )
+    with pytest.raises(FileNotFoundError):
+        SystemdPressure.from_environment({"MEMORY_PRESSURE_WATCH": str(tmp_path / "none")})
+
+
+def test_memory_events_file(tmp_path: Path) -> None:
+    path = tmp_path / "memory.events"
+    path.write_text("low 0\nhigh 1\nmax 0\noom 0\noom_kill 0\n")
+    events = EventsFile(str(path))
+    try:
+        assert events.check() is None
+        path.write_text("low 5\nhigh 3\nmax 1\noom 0\noom_kill 0\n")
+        assert events.check() == "high +2, max +1"
+        path.write_text("")  # a read that finds nothing keeps the counters
+        assert events.check() is None
+        path.write_text("low 5\nhigh 3\nmax 1\noom 0\noom_kill 0\n")
+        assert events.check() is None
+    finally:
+        events.close()
+    with pytest.raises(FileNotFoundError):
+        EventsFile(str(tmp_path / "missing"))
+
+
+PSI = "/proc/pressure/memory"
+
+
+@pytest.mark.skipif(not os.path.exists(PSI), reason="no /proc/pressure (kernel without PSI)")
+def test_psi_trigger_opens_and_waits() -> None:
+    try:
+        trigger = PsiTrigger(PSI, stall=0.5, window=2.0)  # a 2 s window: allowed unprivileged
+    except PermissionError as exc:
+        pytest.skip(f"PSI triggers need write access here: {exc}")
+    wakeups = Wakeups([trigger])
+    try:
+        assert wakeups.sources == (trigger,) and trigger.trigger == "some 500000 2000000"
+        for wake in wakeups.wait(0):  # a stall may be reported: then it says which trigger
+            assert wake == Wake("psi", PSI, "trigger 'some 500000 2000000'")
+    finally:
+        wakeups.close()
+    with pytest.raises(ValueError, match="kind"):
+        PsiTrigger(PSI, kind="most")
+
+
+def test_bad_kinds() -> None:
+    with pytest.raises(ValueError, match="wake-up kind"):
+        wk.open_source("soon")
+    assert wk.open_source("usage-alarm", mark=None) == (None, "no soft limit")
+    with pytest.raises(TypeError, match="wake_on"):
+        memreclaim.BackgroundTrimmer(wake_on="psi")
+    with pytest.raises(ValueError, match="unknown source 'soon'"):
+        memreclaim.Watchdog(wake_on=("psi", "soon"))
+
+
+@pytest.mark.timeout(120)
+def test_both_runners_wake_on_the_systemd_fifo(fifo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick interval far longer than the deadline: only the FIFO can make the second reading."""
+    monkeypatch.setenv("MEMORY_PRESSURE_WATCH", str(fifo))
+    monkeypatch.delenv("MEMORY_PRESSURE_WRITE", raising=False)
+    trimmer = memreclaim.BackgroundTrimmer(interval=3000, limit=None, wake_on=("systemd",))
+    with trimmer:
+        assert trimmer.wake_sources == (("systemd", str(fifo)),)
+        _write_fifo(fifo, b"1")
+        waited = threading.Event()
+        for _ in range(6000):  # bounded: 60 s
+            if trimmer.counters.ticks >= 1:
+                break
+            waited.wait(0.01)
+        assert trimmer.counters.ticks >= 1, "the trimmer did not wake on the FIFO"
+    assert trimmer.wake_sources == ()
+
+    async def main() -> int:
+        async with memreclaim.Watchdog(interval=3000, limit=None, wake_on=("systemd",)) as wd:
+            await asyncio.sleep(0)  # the task starts and opens its sources
+            for _ in range(6000):  # bounded: 60 s
+                if wd.wake_sources:
+                    break
+                await asyncio.sleep(0.01)
+            _write_fifo(fifo, b"1")
+            for _ in range(6000):
+                if wd.counters.ticks >= 1:
+                    break
+                await asyncio.sleep(0.01)
+            return wd.counters.ticks
+
+    assert asyncio.run(main()) >= 1, "the watchdog did not wake on the FIFO"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_closes_its_copy() -> None:
+    wakeups = Wakeups([_EventFd("eventfd", os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))])
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            wakeups._forget_after_fork()
+            ok = wakeups.sources == () and wakeups.wait(DEADLINE) == []
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"1"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    (source,) = wakeups.sources  # the parent's copy is untouched
+    os.eventfd_write(source.fileno(), 1)
+    assert wakeups.wait(DEADLINE) == [Wake("test", "eventfd", "count 1")]
+    wakeups.close()
