@@ -543,11 +543,22 @@ PyDoc_STRVAR(diag_pymalloc_doc,
              "build). OSError when no\n"
              "in-memory stream can be opened.");
 
+/* CPython's own dump function (not an allocator symbol), looked up: its declaration is private.
+ * NULL on free-threaded builds: they serve objects from mimalloc, not pymalloc, and no GIL keeps
+ * other threads out of the allocator swap around the dump. */
+static void *pymalloc_dump_symbol(void)
+{
+#ifdef Py_GIL_DISABLED
+    return NULL;
+#else
+    return dlsym(RTLD_DEFAULT, "_PyObject_DebugMallocStats");
+#endif
+}
+
 static PyObject *diag_pymalloc(PyObject *module, PyObject *arg)
 {
     mr_dump_fn dump = NULL;
-    /* CPython's own function (not an allocator symbol), looked up: its declaration is private. */
-    void *symbol = dlsym(RTLD_DEFAULT, "_PyObject_DebugMallocStats");
+    void *symbol = pymalloc_dump_symbol();
     PyMemAllocatorEx hooked = {NULL, NULL, NULL, NULL, NULL}, original = hooked;
     char *buf = NULL;
     size_t size = 0;
@@ -559,11 +570,6 @@ static PyObject *diag_pymalloc(PyObject *module, PyObject *arg)
                      Py_TYPE(arg)->tp_name);
         return NULL;
     }
-#ifdef Py_GIL_DISABLED
-    /* Free-threaded builds serve objects from mimalloc, not pymalloc, and no GIL keeps other
-     * threads out of the allocator swap below: nothing to read, and nothing to swap. */
-    symbol = NULL;
-#endif
     if (symbol == NULL) {
         Py_RETURN_NONE;
     }
