@@ -544,22 +544,16 @@ class _Runner:
         return event
 
     def _check_arenas(self, slack: int) -> None:
-        if _thresholds_set:
+        """A trim left more than ``slack`` with three or more threads: under mimalloc 2, set the
+        purge delay to 0. (glibc's arena tops are bounded at start, in :meth:`_reset_policy`,
+        unless ``thresholds=False``: a top kept by an idle worker before a trigger fired would
+        stay, as no free in that arena comes.)"""
+        if _thresholds_set or not _mimalloc_2():
             return
-        if _mimalloc_2():
-            _fix_thread_thresholds(
-                f"{threading.active_count()} threads, a trim left more than"
-                f" {format_bytes(slack)} over the floor"
-            )
-            return
-        try:
-            found = glibc.arenas_retaining(slack)
-        except Exception:  # malloc_info unreadable: nothing to learn, say it once
-            logger.debug("memreclaim: could not read malloc_info", exc_info=True)
-            return
-        if found is not None:
-            count, mapped = found
-            _fix_thread_thresholds(f"{count} thread arenas map {format_bytes(mapped)} after a trim")
+        _fix_thread_thresholds(
+            f"{threading.active_count()} threads, a trim left more than"
+            f" {format_bytes(slack)} over the floor"
+        )
 
     def _nudge_arena(self) -> None:
         """In a hook (the worker thread): give back what this thread holds.
