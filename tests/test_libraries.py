@@ -231,3 +231,68 @@ def test_library_spike_rejects_bad_input() -> None:
         workloads.library_spike("json", scale=0)
     with pytest.raises(TypeError):
         workloads.library_spike("json", every="2")  # type: ignore[arg-type]
+
+
+# A spike freed by a live pool worker under BackgroundTrimmer() at its defaults. "blocks": a 30 MB
+# buffer freed first (glibc's adaptive thresholds rise: the trim threshold to 60 MB), then 400 MB
+# of 200 KB buffers, every 50th of the first 1,750 kept: the last 250 (50 MB) are the worker's
+# free top, which malloc_trim never shrinks in a thread arena. "pandas": workloads.library_spike.
+# The reachable level: the same spike on the main thread, trimmed, in the same process.
+POOL_WORKER_SPIKE = """
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+def spike():
+    if work == "pandas":
+        return workloads.library_spike("pandas")
+    big = bytearray(30_000_000)
+    del big
+    blocks = [bytearray(200_000) for _ in range(2000)]
+    kept = blocks[:1750:50]
+    del blocks
+    return kept
+
+if work == "pandas":
+    try:
+        workloads.library_spike("pandas", scale=0.05)  # imports it, warms its caches
+    except ImportError as exc:
+        emit(skip=str(exc))
+        raise SystemExit(0)
+gc.collect(); memreclaim.trim()
+baseline = statm()[1]
+kept = [spike()]
+memreclaim.trim()
+target = statm()[1] - baseline
+kept.clear(); gc.collect(); memreclaim.trim()
+baseline = statm()[1]
+bound = max(1.15 * target, target + 16 * 2**20)
+with memreclaim.BackgroundTrimmer() as trimmer, ThreadPoolExecutor(4) as pool:
+    kept.append(pool.submit(spike).result())  # the worker stays alive, idle
+    held = statm()[1] - baseline
+    start = time.monotonic()
+    now = held
+    while now > bound and time.monotonic() - start < 120.0:  # poll, with a deadline
+        time.sleep(0.1)
+        now = statm()[1] - baseline
+    arenas = [(a.nr, a.mapped) for a in glibc.arenas()]
+emit(target=target, held=held, now=now, ok=now <= bound, trims=trimmer.counters.trims,
+     arenas=arenas)
+"""
+
+
+@pytest.mark.parametrize("work", ["blocks", pytest.param("pandas", marks=pytest.mark.slow)])
+def test_spike_freed_by_live_pool_worker_comes_back_under_trimmer_defaults(
+    run_python: Any, work: str
+) -> None:
+    if memreclaim.allocator() != "glibc":
+        pytest.skip("glibc's thread arenas")
+    out = run_python(
+        "from memreclaim import glibc\n" + POOL_WORKER_SPIKE, params={"work": work}, timeout=400
+    )
+    if "skip" in out:
+        pytest.skip(f"pandas is not installed: {out['skip']}")
+    assert out["ok"], (
+        f"{work} in a live pool worker under BackgroundTrimmer(): RSS stayed"
+        f" {out['now'] / MiB:.1f} MiB over baseline, the main thread's trimmed level is"
+        f" {out['target'] / MiB:.1f} MiB: {out}"
+    )

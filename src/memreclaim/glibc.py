@@ -1,16 +1,19 @@
 """Every glibc heuristic of the package: ``malloc_info()`` parsed per arena, the arena-limit knob
 with its check, and the thread-arena fix the runners apply in threaded servers.
 
-glibc's ``malloc_trim`` does not shrink the tops of non-main thread arenas. When thread arenas keep
-memory after a trim (:func:`arenas_retaining`), fixing the trim threshold
-(:func:`fix_thread_trim_threshold`) makes a free at such a top give it back, and a free of a chunk
-of 64 KiB or more in that arena (:func:`nudge_arena`, made in the thread that owns it) is such a
-free. The runners (:mod:`memreclaim.runners`) decide when; the diagnosis reads
-:func:`arenas_retaining` too.
+glibc's ``malloc_trim`` does not shrink the tops of non-main thread arenas. Bounding the tops
+(:func:`bound_thread_tops`: the mmap threshold pinned at its maximum, the trim threshold at
+:data:`THREAD_TOP_BOUND`) makes every free at a top give back what it keeps above the bound, with
+no cost on loops of blocks under it; the runners (:mod:`memreclaim.runners`) do it at start
+unless the environment sets the thresholds (:func:`environment_thresholds`).
+:func:`fix_thread_trim_threshold` (128 KiB, the runners' knob before) is kept for callers. A free
+of a chunk of 64 KiB or more in an arena (:func:`nudge_arena`, made in the thread that owns it)
+gives back a top kept from before. The diagnosis reads :func:`arenas_retaining`.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,10 +26,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NUDGE_BYTES",
+    "THREAD_TOP_BOUND",
     "THREAD_TRIM_THRESHOLD",
     "ArenaInfo",
     "arenas",
     "arenas_retaining",
+    "bound_thread_tops",
+    "environment_thresholds",
     "fix_thread_trim_threshold",
     "nudge_arena",
     "set_arena_max",
@@ -34,6 +40,10 @@ __all__ = [
 
 THREAD_TRIM_THRESHOLD = 128 * 1024
 """The trim threshold :func:`fix_thread_trim_threshold` sets (bytes)."""
+
+THREAD_TOP_BOUND = 4 * 1024 * 1024
+"""The trim threshold :func:`bound_thread_tops` sets (bytes): what a free leaves at most at the
+top of any arena, the main one and every thread's."""
 
 NUDGE_BYTES = 96 * 1024
 """The chunk :func:`nudge_arena` frees: >= glibc's FASTBIN_CONSOLIDATION_THRESHOLD (64 KiB), the
@@ -166,6 +176,52 @@ def fix_thread_trim_threshold() -> int:
         )
     _core.set_trim_threshold(THREAD_TRIM_THRESHOLD)
     return THREAD_TRIM_THRESHOLD
+
+
+def bound_thread_tops() -> tuple[int, int]:
+    """Bound every arena's free top with no cost cliff; return (mmap threshold, trim threshold).
+
+    Pins the mmap threshold at its maximum (``MMAP_THRESHOLD_MAX``, 32 MiB on 64-bit: the
+    ceiling glibc's adaptive threshold reaches anyway, so blocks under it are served from the
+    arenas, as they are once a program has freed one such block) and fixes the trim threshold at
+    :data:`THREAD_TOP_BOUND`. A free that leaves more than that at the top of an arena, the main
+    one or a thread's, gives the rest back (``malloc_trim`` never shrinks a thread arena's top:
+    this does, as the thread frees). A loop of blocks under the bound costs nothing more; only
+    blocks between the bound and 32 MiB give pages back at each free
+    (``benchmarks/bench_knob_cost.py``). Like :func:`fix_thread_trim_threshold` it stops glibc's
+    adaptive thresholds, and it does not undo a top kept already (:func:`nudge_arena`).
+
+    Raises:
+        UnsupportedAllocatorError: glibc does not serve malloc.
+    """
+    if _core.allocator() != "glibc":
+        raise UnsupportedAllocatorError(
+            f"the mmap and trim thresholds are glibc's; malloc is served by {_core.allocator()}"
+        )
+    _core.pin_mmap_threshold(_core.MMAP_THRESHOLD_MAX)
+    _core.set_trim_threshold(THREAD_TOP_BOUND)
+    return _core.MMAP_THRESHOLD_MAX, THREAD_TOP_BOUND
+
+
+_ENVIRONMENT_THRESHOLDS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
+_TUNABLES = ("glibc.malloc.trim_threshold", "glibc.malloc.mmap_threshold", "glibc.malloc.top_pad")
+
+
+def environment_thresholds() -> str | None:
+    """The environment's setting of glibc's trim, mmap or top-pad threshold, or None.
+
+    ``"NAME=value"`` for the first of ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_`` and
+    ``MALLOC_TOP_PAD_`` that is set, else the first such tunable in ``GLIBC_TUNABLES``. The
+    runners leave glibc's thresholds alone when one is set (the user chose them).
+    """
+    for name in _ENVIRONMENT_THRESHOLDS:
+        value = os.environ.get(name)
+        if value is not None:
+            return f"{name}={value}"
+    for item in os.environ.get("GLIBC_TUNABLES", "").split(":"):
+        if item.partition("=")[0] in _TUNABLES:
+            return f"GLIBC_TUNABLES={item}"
+    return None
 
 
 def nudge_arena() -> None:

@@ -15,13 +15,20 @@ reports the outcome back to the policy, its counters, the log and the ``on_trim`
   trimming skips (that trim is already giving the memory back) instead of trimming twice.
 - The floor is taken at ``start()`` / ``__aenter__`` (a spike made right after start, before
   the first tick, is measured as growth and given back).
-- Threaded servers (``thresholds=None``, the default): glibc's ``malloc_trim`` does not shrink
-  the tops of non-main thread arenas; when a trim leaves more than ``slack`` in two or more
-  thread arenas, the runner fixes glibc's trim threshold (``set_trim_threshold(128 KiB)``,
-  which also stops the adaptive thresholds) so that frees in those threads give their tops
-  back, and logs it once. Under mimalloc 2 (a live thread's freed pages wait for that thread)
-  the same trigger, with three or more threads, sets the purge delay to 0
-  (``set_purge_delay(0)``). ``thresholds=True`` does it at start, ``False`` never.
+- Memory other threads keep (``thresholds=``). glibc's ``malloc_trim`` never shrinks the top
+  of a thread arena, and its adaptive thresholds let such a top keep up to twice the largest
+  block freed so far (25 MiB in a pandas pool worker). Under glibc a runner bounds every
+  arena's top at start (:func:`memreclaim.glibc.bound_thread_tops`: the mmap threshold pinned
+  at 32 MiB, the trim threshold at 4 MiB), once per process, and logs it once: a free in any
+  thread then gives back what its arena's top keeps above 4 MiB. Measured
+  (``benchmarks/bench_knob_cost.py``): no cost on loops of blocks under 4 MiB, where the
+  128 KiB trim threshold of before cost up to 16x; loops of 4-32 MiB blocks give their pages
+  back at each free. It is skipped, and said once, when the environment sets glibc's thresholds
+  (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TOP_PAD_`` or
+  ``GLIBC_TUNABLES``). Under mimalloc 2 (a live thread's freed pages wait for that thread) the
+  purge delay goes to 0 (``set_purge_delay(0)``) when a trim leaves more than ``slack`` with
+  three or more threads. ``thresholds=None`` (the default): that; ``True``: at start under
+  either allocator; ``False``: never.
 """
 
 from __future__ import annotations
@@ -148,8 +155,9 @@ def _mimalloc_2() -> bool:
 def _fix_thread_thresholds(reason: str) -> bool:
     """Make frees in other threads give their memory back, once per process; log it once.
 
-    glibc: fix the trim threshold (``malloc_trim`` cannot shrink the tops of thread arenas; a
-    free at a top does, below the threshold). mimalloc 2: the purge delay to 0 (a live thread's
+    glibc: bound every arena's top (``glibc.bound_thread_tops``: ``malloc_trim`` cannot shrink
+    the tops of thread arenas; a free at a top does, above the trim threshold), unless the
+    environment sets glibc's thresholds. mimalloc 2: the purge delay to 0 (a live thread's
     freed pages wait for that thread's next visit to its segment; measured: a worker's 400 MiB
     spike stays resident after any trim, 177 MiB as with ``MIMALLOC_RESET_DELAY=0``).
     """
@@ -158,13 +166,25 @@ def _fix_thread_thresholds(reason: str) -> bool:
         return False
     if memreclaim.allocator() == "glibc":
         _thresholds_set = True
-        threshold = glibc.fix_thread_trim_threshold()
+        setting = glibc.environment_thresholds()
+        if setting is not None:
+            logger.info(
+                "memreclaim: left glibc's thresholds as the environment sets them (%s; %s):"
+                " the tops of thread arenas keep what those settings let them keep",
+                setting,
+                reason,
+            )
+            return False
+        mmap_threshold, trim_threshold = glibc.bound_thread_tops()
         logger.info(
-            "memreclaim: set glibc's trim threshold to %s (%s): malloc_trim cannot shrink the"
-            " tops of thread arenas; a free at a top now gives it back (it does not undo a top"
-            " kept already: those go back with the next such free in that arena)",
-            format_bytes(threshold),
+            "memreclaim: pinned glibc's mmap threshold at %s and its trim threshold at %s"
+            " (%s): malloc_trim cannot shrink the tops of thread arenas; a free at any arena's"
+            " top now gives back what it keeps above %s (a top kept already goes back with"
+            " the next such free in that arena)",
+            format_bytes(mmap_threshold),
+            format_bytes(trim_threshold),
             reason,
+            format_bytes(trim_threshold),
         )
         return True
     if _mimalloc_2():
@@ -524,22 +544,16 @@ class _Runner:
         return event
 
     def _check_arenas(self, slack: int) -> None:
-        if _thresholds_set:
+        """A trim left more than ``slack`` with three or more threads: under mimalloc 2, set the
+        purge delay to 0. (glibc's arena tops are bounded at start, in :meth:`_reset_policy`,
+        unless ``thresholds=False``: a top kept by an idle worker before a trigger fired would
+        stay, as no free in that arena comes.)"""
+        if _thresholds_set or not _mimalloc_2():
             return
-        if _mimalloc_2():
-            _fix_thread_thresholds(
-                f"{threading.active_count()} threads, a trim left more than"
-                f" {format_bytes(slack)} over the floor"
-            )
-            return
-        try:
-            found = glibc.arenas_retaining(slack)
-        except Exception:  # malloc_info unreadable: nothing to learn, say it once
-            logger.debug("memreclaim: could not read malloc_info", exc_info=True)
-            return
-        if found is not None:
-            count, mapped = found
-            _fix_thread_thresholds(f"{count} thread arenas map {format_bytes(mapped)} after a trim")
+        _fix_thread_thresholds(
+            f"{threading.active_count()} threads, a trim left more than"
+            f" {format_bytes(slack)} over the floor"
+        )
 
     def _nudge_arena(self) -> None:
         """In a hook (the worker thread): give back what this thread holds.
@@ -636,6 +650,8 @@ class _Runner:
     def _reset_policy(self) -> None:
         if self._thresholds:
             _fix_thread_thresholds("thresholds=True")
+        elif self._thresholds is None and memreclaim.allocator() == "glibc":
+            _fix_thread_thresholds("at start: thresholds=None under glibc")
         current = rss()
         heap = _heap()
         with self._lock:

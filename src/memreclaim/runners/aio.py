@@ -73,6 +73,11 @@ class Watchdog(_Runner):
     ``"memory.events"`` to read RSS as soon as the kernel reports pressure; ``()``: the timer
     alone. A wake-up is a reading now; the policy decides. ``on_trim`` is called, on the loop
     thread, with a :class:`TrimEvent` after every trim; an exception in it is logged and counted.
+    ``thresholds`` is how the runner makes other threads give back what they keep
+    (:mod:`memreclaim.runners`): None, the default: under glibc, bound every arena's top at
+    start (:func:`memreclaim.glibc.bound_thread_tops`; skipped, and said once, when the
+    environment sets glibc's thresholds), under mimalloc 2 the purge delay to 0 once a trim
+    leaves more than ``slack`` with three or more threads; True: either at start; False: never.
 
     Raises:
         TypeError, ValueError: for a wrong type or out-of-range argument, naming it.

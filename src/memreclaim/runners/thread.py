@@ -45,6 +45,11 @@ class BackgroundTrimmer(_Runner, StartStop):
     default: the cgroup's, from :func:`memreclaim.memlimits.auto_limit`, or none where there is
     none; None: no limit), and ``wake_on``, the sources its thread also sleeps on (as the
     Watchdog's: the cgroup v1 usage alarm and systemd's memory-pressure protocol by default).
+    ``thresholds`` is how the runner makes other threads give back what they keep
+    (:mod:`memreclaim.runners`): None, the default: under glibc, bound every arena's top at
+    start (:func:`memreclaim.glibc.bound_thread_tops`; skipped, and said once, when the
+    environment sets glibc's thresholds), under mimalloc 2 the purge delay to 0 once a trim
+    leaves more than ``slack`` with three or more threads; True: either at start; False: never.
 
     Use ``start()`` / ``stop()`` or ``with BackgroundTrimmer(...):``. Fork-safe: in a forked
     child the trimmer is marked not running (its thread does not exist there) and can be started
