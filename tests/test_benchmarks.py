@@ -108,7 +108,13 @@ def test_quick_service_runs_with_and_without_the_trimmer(
     assert plain["trimmer_report"] == ""
     assert trimmed["trimmer_report"].startswith("memreclaim run:")
     assert " 0 trim(s)" not in trimmed["trimmer_report"]
-    assert trimmed["end"] < trimmed["after_burst"]  # the trimmer gave something back
+    # The trimmer's run ends far below the plain run's retention. (Not `end < after_burst`: the
+    # runners bound glibc's arena tops at start, so frees during the burst already give much back
+    # and what is left at `after_burst` can be within noise of the end.)
+    held_plain = plain["end"] - plain["baseline"]
+    held_trimmed = trimmed["end"] - trimmed["baseline"]
+    assert held_plain > 30 * MiB, held_plain  # the plain run retains: the case shows something
+    assert held_trimmed < 0.5 * held_plain, (held_trimmed, held_plain)
 
 
 @pytest.mark.timeout(300)
