@@ -86,7 +86,7 @@ EOF
 # The Python API symbols stay unresolved (never called); a non-PIE executable tolerates that.
 ${CC:-cc} -std=c11 -Wall -Wextra -Werror -DPy_GIL_DISABLED=1 -I"$SRC" -I"$INCLUDE" \
     "$WORK/slots.c" "$SRC/heap.c" "$SRC/inspect.c" "$SRC/knobs.c" "$SRC/procfs.c" \
-    "$SRC/detect.c" "$SRC/backends.c" "$SRC/thp.c" -ldl -no-pie \
+    "$SRC/detect.c" "$SRC/backends.c" "$SRC/thp.c" "$SRC/diag.c" -ldl -no-pie \
     -Wl,--unresolved-symbols=ignore-all -o "$WORK/slots" >"$WORK/cc.log" 2>&1 || {
     cat "$WORK/cc.log" >&2
     fail "compiling the slot-table check failed"
