@@ -243,3 +243,26 @@ def test_runner_bounds_glibc_tops_at_start_unless_told(
         assert result["said"] == [], result
     else:
         assert len(result["said"]) == 1 and expected in result["said"][0], result
+
+
+def test_runner_starts_when_glibc_lacks_mallopt(run_python: Callable[..., Any]) -> None:
+    """A glibc without mallopt (a sanitizer interposing malloc, the detection seam here): the
+    runners' start-up bound cannot be set; they start anyway, say why once, and change nothing."""
+    result = run_python(
+        """
+        import logging
+        records = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                records.append(record.getMessage())
+        logging.getLogger("memreclaim").addHandler(Keep())
+        logging.getLogger("memreclaim").setLevel(logging.INFO)
+        with memreclaim.BackgroundTrimmer(interval=5.0) as first:
+            with memreclaim.BackgroundTrimmer(interval=5.0, name="second") as second:
+                running = first.running and second.running
+        emit(running=running, said=[r for r in records if "arena tops" in r])
+        """,
+        env={"MEMRECLAIM_TEST_HIDE_SYMBOLS": "mallopt"},
+    )
+    assert result["running"] is True, result
+    assert len(result["said"]) == 1 and "mallopt" in result["said"][0], result

@@ -175,7 +175,13 @@ def _fix_thread_thresholds(reason: str) -> bool:
                 reason,
             )
             return False
-        mmap_threshold, trim_threshold = glibc.bound_thread_tops()
+        try:
+            mmap_threshold, trim_threshold = glibc.bound_thread_tops()
+        except (UnsupportedAllocatorError, OSError, ValueError) as exc:
+            # e.g. a sanitizer that interposes malloc leaves glibc without mallopt: the
+            # runner runs on, with glibc's thresholds as they are; said once.
+            logger.warning("memreclaim: could not bound glibc's arena tops (%s): %s", reason, exc)
+            return False
         logger.info(
             "memreclaim: pinned glibc's mmap threshold at %s and its trim threshold at %s"
             " (%s): malloc_trim cannot shrink the tops of thread arenas; a free at any arena's"
@@ -189,7 +195,11 @@ def _fix_thread_thresholds(reason: str) -> bool:
         return True
     if _mimalloc_2():
         _thresholds_set = True
-        previous = memreclaim.set_purge_delay(0)
+        try:
+            previous = memreclaim.set_purge_delay(0)
+        except (UnsupportedAllocatorError, OSError, ValueError) as exc:
+            logger.warning("memreclaim: could not set mimalloc's purge delay (%s): %s", reason, exc)
+            return False
         logger.info(
             "memreclaim: set mimalloc's purge delay to 0 ms, was %d (%s): mimalloc 2 keeps what"
             " a live thread freed until that thread returns to it; pages freed from now on go"
