@@ -180,7 +180,7 @@ def _fix_thread_thresholds(reason: str) -> bool:
         except (UnsupportedAllocatorError, OSError, ValueError) as exc:
             # e.g. a sanitizer that interposes malloc leaves glibc without mallopt: the
             # runner runs on, with glibc's thresholds as they are; said once.
-            logger.warning("memreclaim: could not bound glibc's arena tops (%s): %s", reason, exc)
+            logger.info("memreclaim: could not bound glibc's arena tops (%s): %s", reason, exc)
             return False
         logger.info(
             "memreclaim: pinned glibc's mmap threshold at %s and its trim threshold at %s"
@@ -198,7 +198,7 @@ def _fix_thread_thresholds(reason: str) -> bool:
         try:
             previous = memreclaim.set_purge_delay(0)
         except (UnsupportedAllocatorError, OSError, ValueError) as exc:
-            logger.warning("memreclaim: could not set mimalloc's purge delay (%s): %s", reason, exc)
+            logger.info("memreclaim: could not set mimalloc's purge delay (%s): %s", reason, exc)
             return False
         logger.info(
             "memreclaim: set mimalloc's purge delay to 0 ms, was %d (%s): mimalloc 2 keeps what"
