@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeVar
 
 import memreclaim
 
@@ -56,6 +56,7 @@ from .wakeups import WAKE_KINDS, UsageAlarmSource, Wake, Wakeups, open_source
 
 __all__ = ["Counters", "DaemonThread", "Gate", "StartStop", "TrimEvent"]
 
+_T = TypeVar("_T")
 logger = logging.getLogger("memreclaim")
 
 Gate = Literal["idle", "deadline", "ungated", "thread", "hook"]
@@ -152,6 +153,16 @@ def _mimalloc_2() -> bool:
     return version is not None and version.startswith("2.")
 
 
+def _set_knob(apply: Callable[[], _T], what: str, reason: str) -> _T | None:
+    """``apply()``, or None when the allocator refuses (e.g. a sanitizer that interposes malloc
+    leaves glibc without mallopt): the runner runs on with the allocator as it is; said once."""
+    try:
+        return apply()
+    except (UnsupportedAllocatorError, OSError, ValueError) as exc:
+        logger.info("memreclaim: could not %s (%s): %s", what, reason, exc)
+        return None
+
+
 def _fix_thread_thresholds(reason: str) -> bool:
     """Make frees in other threads give their memory back, once per process; log it once.
 
@@ -175,13 +186,10 @@ def _fix_thread_thresholds(reason: str) -> bool:
                 reason,
             )
             return False
-        try:
-            mmap_threshold, trim_threshold = glibc.bound_thread_tops()
-        except (UnsupportedAllocatorError, OSError, ValueError) as exc:
-            # e.g. a sanitizer that interposes malloc leaves glibc without mallopt: the
-            # runner runs on, with glibc's thresholds as they are; said once.
-            logger.info("memreclaim: could not bound glibc's arena tops (%s): %s", reason, exc)
+        bound = _set_knob(glibc.bound_thread_tops, "bound glibc's arena tops", reason)
+        if bound is None:
             return False
+        mmap_threshold, trim_threshold = bound
         logger.info(
             "memreclaim: pinned glibc's mmap threshold at %s and its trim threshold at %s"
             " (%s): malloc_trim cannot shrink the tops of thread arenas; a free at any arena's"
@@ -195,10 +203,10 @@ def _fix_thread_thresholds(reason: str) -> bool:
         return True
     if _mimalloc_2():
         _thresholds_set = True
-        try:
-            previous = memreclaim.set_purge_delay(0)
-        except (UnsupportedAllocatorError, OSError, ValueError) as exc:
-            logger.info("memreclaim: could not set mimalloc's purge delay (%s): %s", reason, exc)
+        previous = _set_knob(
+            lambda: memreclaim.set_purge_delay(0), "set mimalloc's purge delay", reason
+        )
+        if previous is None:
             return False
         logger.info(
             "memreclaim: set mimalloc's purge delay to 0 ms, was %d (%s): mimalloc 2 keeps what"
