@@ -90,8 +90,9 @@ def blocks(path: Path) -> list[Block]:
             end += 1
         if end == len(lines):
             raise MarkupError(f"{relpath(path)}:{i + 1}: a fence that is never closed")
-        body = "\n".join(line[len(indent) :] if line.startswith(indent) else line
-                         for line in lines[i + 1 : end])
+        body = "\n".join(
+            line[len(indent) :] if line.startswith(indent) else line for line in lines[i + 1 : end]
+        )
         block = Block(path, i + 1, opening["lang"].lower(), textwrap.dedent(body) + "\n")
         marked = _MARK.match(lines[i - 1]) if i > 0 else None
         if marked is not None:
@@ -137,7 +138,9 @@ def python_source(text: str) -> str:
     lines = text.splitlines()
     if not any(line.startswith(">>>") for line in lines):
         return text
-    code = [line[4:] for line in lines if line.startswith((">>> ", "... ")) or line in (">>>", "...")]
+    code = [
+        line[4:] for line in lines if line.startswith((">>> ", "... ")) or line in (">>>", "...")
+    ]
     return "\n".join(code) + "\n"
 
 

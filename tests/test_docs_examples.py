@@ -18,8 +18,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -201,7 +199,8 @@ def _run_pytest_module(
             problems.append(f"{name} failed, but not with '... {EXPECTED_FAILURES[name]}'")
     if problems:
         pytest.fail(
-            f"{block.where}: python -m pytest {module.name}: " + "; ".join(problems)
+            f"{block.where}: python -m pytest {module.name}: "
+            + "; ".join(problems)
             + f"\n--- stdout\n{out}\n--- stderr\n{proc.stderr}",
             pytrace=False,
         )
@@ -250,7 +249,9 @@ def target() -> Iterator[int]:
         yield proc.pid
 
 
-def _run_shell(block: Block, tmp_path: Path, timeout: float, request: pytest.FixtureRequest) -> None:
+def _run_shell(
+    block: Block, tmp_path: Path, timeout: float, request: pytest.FixtureRequest
+) -> None:
     commands = [c for part in [block, *block.follows] for c in shell_commands(part)]
     assert commands, f"{block.where}: a {block.lang} block with no command in it"
     planned = []
@@ -383,7 +384,8 @@ def test_a_broken_python_example_fails_naming_its_line(tmp_path: Path) -> None:
 def test_a_partial_block_is_compiled_only(tmp_path: Path) -> None:
     page = _doc(
         tmp_path,
-        "<!-- docs-test: partial: a fragment -->\n```python\nasync with w:\n    await serve()\n```\n"
+        "<!-- docs-test: partial: a fragment -->\n"
+        "```python\nasync with w:\n    await serve()\n```\n"
         "<!-- docs-test: partial: broken -->\n```python\ndef f(:\n```\n",
     )
     good, bad = blocks(page)
@@ -399,8 +401,10 @@ def test_an_unrunnable_command_must_be_marked(tmp_path: Path) -> None:
 
 
 def test_a_failing_command_fails_naming_its_line(tmp_path: Path) -> None:
-    (block,) = blocks(_doc(tmp_path, "```sh\npython -m memreclaim inspect 0\n```\n"))
-    with pytest.raises(AssertionError, match=r"page\.md:2: `python -m memreclaim inspect 0` exited 2"):
+    (block,) = blocks(_doc(tmp_path, "```sh\npython -m memreclaim stats --no-such-option\n```\n"))
+    with pytest.raises(
+        AssertionError, match=r"page\.md:2: `python -m memreclaim stats --no-such-option` exited 2"
+    ):
         _run_shell(block, tmp_path, TIMEOUT, request=None)  # type: ignore[arg-type]
 
 
@@ -409,7 +413,7 @@ def test_an_unmarked_async_test_fails_under_strict_mode(tmp_path: Path) -> None:
     suite's strict mode does not run them, and the harness says so."""
     code = "async def test_x():\n    pass\n"
     block = Block(tmp_path / "page.md", 1, "python", code)
-    with pytest.raises(pytest.fail.Exception, match="test_x: (FAILED|SKIPPED), the doc says"):
+    with pytest.raises(pytest.fail.Exception, match=r"test_x: (FAILED|SKIPPED), the doc says"):
         _run_pytest_module(block, code, [(1, block)], tmp_path, TIMEOUT)
 
 
