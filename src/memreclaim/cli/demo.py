@@ -300,9 +300,9 @@ class Workload:
 
 
 # The dicts workload is not traced by default: tracemalloc's bookkeeping for a million objects
-# (~145 MiB more peak RSS here) dwarfs the effect. Nor is buffers: traced, the shape retains nothing (glibc
-# 2.36: 18.2 MiB after the free against a 17.5 MiB baseline, untraced 68.1 against 16.5), so the
-# demo would not show what seed 004 is about.
+# (~145 MiB more peak RSS here) dwarfs the effect. Nor is buffers: traced, the shape retains
+# nothing (glibc 2.36: 18.2 MiB after the free against a 17.5 MiB baseline, untraced 68.1
+# against 16.5), so the demo would not show what seed 004 is about.
 WORKLOADS: dict[str, Workload] = {
     "spike": Workload(
         _spike,
