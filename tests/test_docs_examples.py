@@ -172,7 +172,8 @@ def _run_python(block: Block, tmp_path: Path, timeout: float) -> None:
     script = tmp_path / "example.py"
     script.write_text(code)
     proc = _run([sys.executable, str(script)], where=block.where, cwd=tmp_path, timeout=timeout)
-    assert proc.returncode == 0, _failure(block, "the example", proc, starts)
+    if proc.returncode != 0:
+        pytest.fail(_failure(block, "the example", proc, starts), pytrace=False)
 
 
 def _run_pytest_module(
@@ -265,10 +266,12 @@ def _run_shell(
             argv = _with_pid(argv, request.getfixturevalue("target"))
         where = f"{block.doc}:{command.line}"
         proc = _run(argv, where=where, cwd=cwd or tmp_path, timeout=timeout, env=command.env)
-        assert proc.returncode == 0, (
-            f"{where}: `{command.text}` exited {proc.returncode}\n"
-            f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-        )
+        if proc.returncode != 0:
+            pytest.fail(
+                f"{where}: `{command.text}` exited {proc.returncode}\n"
+                f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}",
+                pytrace=False,
+            )
 
 
 @pytest.mark.parametrize("block", _params())
@@ -375,7 +378,7 @@ def test_markup_and_continues_are_read(tmp_path: Path) -> None:
 def test_a_broken_python_example_fails_naming_its_line(tmp_path: Path) -> None:
     page = _doc(tmp_path, "intro\n\n```python\nimport memreclaim\nmemreclaim.no_such_call()\n```\n")
     (block,) = blocks(page)
-    with pytest.raises(AssertionError) as failed:
+    with pytest.raises(pytest.fail.Exception) as failed:
         _run_python(block, tmp_path, TIMEOUT)
     assert "the error is at " + f"{page}:5" in str(failed.value), failed.value
     assert "AttributeError" in str(failed.value)
@@ -403,7 +406,8 @@ def test_an_unrunnable_command_must_be_marked(tmp_path: Path) -> None:
 def test_a_failing_command_fails_naming_its_line(tmp_path: Path) -> None:
     (block,) = blocks(_doc(tmp_path, "```sh\npython -m memreclaim stats --no-such-option\n```\n"))
     with pytest.raises(
-        AssertionError, match=r"page\.md:2: `python -m memreclaim stats --no-such-option` exited 2"
+        pytest.fail.Exception,
+        match=r"page\.md:2: `python -m memreclaim stats --no-such-option` exited 2",
     ):
         _run_shell(block, tmp_path, TIMEOUT, request=None)  # type: ignore[arg-type]
 
