@@ -194,18 +194,10 @@ static PyObject *areas_dict(const mr_mi_areas *walk)
                                     {"large", (int64_t)walk->large_used},
                                     {"committed", (int64_t)walk->committed},
                                     {"areas", (int64_t)walk->areas}};
-    PyObject *result, *addresses = PyTuple_New((Py_ssize_t)walk->naddresses);
+    PyObject *result, *addresses = mr_tuple_of_addresses(walk->addresses, walk->naddresses);
 
     if (addresses == NULL) {
         return NULL;
-    }
-    for (size_t i = 0; i < walk->naddresses; i++) {
-        PyObject *item = PyLong_FromSize_t(walk->addresses[i]);
-        if (item == NULL) {
-            Py_DECREF(addresses);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(addresses, (Py_ssize_t)i, item);
     }
     result = mr_dict_of_ints(figures, sizeof(figures) / sizeof(figures[0]));
     if (result != NULL && PyDict_SetItemString(result, "addresses", addresses) < 0) {

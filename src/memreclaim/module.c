@@ -124,6 +124,14 @@ static PyStructSequence_Desc heap_stats_desc = {
     5,
 };
 
+/* Each result type's description, by its mr_type_id. */
+static PyStructSequence_Desc *const result_descs[MR_NTYPES] = {
+    [MR_TRIM_RESULT] = &trim_result_desc,
+    [MR_MEMORY_STATS] = &memory_stats_desc,
+    [MR_HEAP_STATS] = &heap_stats_desc,
+    [MR_TRIM_TOTALS] = &trim_totals_desc,
+};
+
 /* ---- shared Python glue (declared in memreclaim.h) ------------------------------------------- */
 
 PyObject *mr_int_or_none(int64_t value)
@@ -146,6 +154,43 @@ int mr_set_ints(PyObject *result, Py_ssize_t first, const int64_t *values, Py_ss
         PyStructSequence_SetItem(result, first + i, item);
     }
     return 0;
+}
+
+PyObject *mr_tuple_of(const void *items, size_t count, mr_item_maker item)
+{
+    PyObject *tuple = PyTuple_New((Py_ssize_t)count);
+    if (tuple == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < count; i++) {
+        PyObject *made = item(items, i);
+        if (made == NULL) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, (Py_ssize_t)i, made);
+    }
+    return tuple;
+}
+
+static PyObject *int_item(const void *values, size_t i)
+{
+    return mr_int_or_none(((const int64_t *)values)[i]);
+}
+
+static PyObject *address_item(const void *values, size_t i)
+{
+    return PyLong_FromSize_t((size_t)((const uintptr_t *)values)[i]);
+}
+
+PyObject *mr_tuple_of_ints(const int64_t *values, size_t count)
+{
+    return mr_tuple_of(values, count, int_item);
+}
+
+PyObject *mr_tuple_of_addresses(const uintptr_t *values, size_t count)
+{
+    return mr_tuple_of(values, count, address_item);
 }
 
 double mr_monotonic_seconds(void)
@@ -239,10 +284,9 @@ PyObject *mr_str_or_none(const char *text)
     return PyUnicode_FromString(text);
 }
 
-/* Add key: mr_int_or_none(value) to dict; -1 with an exception set. */
-int mr_dict_set_int(PyObject *dict, const char *key, int64_t value)
+/* dict[key] = item, then item released; item NULL (its exception set) or a failed insertion: -1. */
+static int dict_set_owned(PyObject *dict, const char *key, PyObject *item)
 {
-    PyObject *item = mr_int_or_none(value);
     int rc;
     if (item == NULL) {
         return -1;
@@ -252,16 +296,14 @@ int mr_dict_set_int(PyObject *dict, const char *key, int64_t value)
     return rc;
 }
 
+int mr_dict_set_int(PyObject *dict, const char *key, int64_t value)
+{
+    return dict_set_owned(dict, key, mr_int_or_none(value));
+}
+
 int mr_dict_set_str(PyObject *dict, const char *key, const char *value)
 {
-    PyObject *item = mr_str_or_none(value != NULL && value[0] != '\0' ? value : NULL);
-    int rc;
-    if (item == NULL) {
-        return -1;
-    }
-    rc = PyDict_SetItemString(dict, key, item);
-    Py_DECREF(item);
-    return rc;
+    return dict_set_owned(dict, key, mr_str_or_none(value != NULL && value[0] != '\0' ? value : NULL));
 }
 
 int mr_dict_set_ints(PyObject *dict, const mr_named_int *items, size_t count)
@@ -353,11 +395,12 @@ static int core_exec(PyObject *module)
         PyModule_AddFunctions(module, mr_knobs_methods) < 0) {
         return -1;
     }
-    if (add_type(module, &state->trim_result_type, &trim_result_desc) < 0 ||
-        add_type(module, &state->memory_stats_type, &memory_stats_desc) < 0 ||
-        add_type(module, &state->heap_stats_type, &heap_stats_desc) < 0 ||
-        add_type(module, &state->trim_totals_type, &trim_totals_desc) < 0 ||
-        mr_totals_add_constants(module) < 0) {
+    for (int i = 0; i < MR_NTYPES; i++) {
+        if (add_type(module, &state->types[i], result_descs[i]) < 0) {
+            return -1;
+        }
+    }
+    if (mr_totals_add_constants(module) < 0) {
         return -1;
     }
     state->unsupported_error = PyErr_NewExceptionWithDoc(
@@ -384,10 +427,9 @@ static int core_exec(PyObject *module)
 static int core_traverse(PyObject *module, visitproc visit, void *arg)
 {
     mr_core_state *state = mr_state(module);
-    Py_VISIT(state->trim_result_type);
-    Py_VISIT(state->memory_stats_type);
-    Py_VISIT(state->heap_stats_type);
-    Py_VISIT(state->trim_totals_type);
+    for (int i = 0; i < MR_NTYPES; i++) {
+        Py_VISIT(state->types[i]);
+    }
     Py_VISIT(state->unsupported_error);
     return 0;
 }
@@ -395,10 +437,9 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg)
 static int core_clear(PyObject *module)
 {
     mr_core_state *state = mr_state(module);
-    Py_CLEAR(state->trim_result_type);
-    Py_CLEAR(state->memory_stats_type);
-    Py_CLEAR(state->heap_stats_type);
-    Py_CLEAR(state->trim_totals_type);
+    for (int i = 0; i < MR_NTYPES; i++) {
+        Py_CLEAR(state->types[i]);
+    }
     Py_CLEAR(state->unsupported_error);
     Py_CLEAR(state->allocator_name);
     return 0;
