@@ -42,10 +42,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ._limits import Limits, limits
     from ._process import ProcessMemory, inspect
     from .diagnosis import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
     from .glibc import ArenaInfo, arenas, set_arena_max
+    from .memlimits import Limits, limits
     from .pools import (
         PoolReclaimStatus,
         PoolReclaimUnavailable,
@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     )
     from .remote import install_signal_handler
     from .units import format_bytes, parse_bytes
-    from .watchdog import BackgroundTrimmer, Counters, PacingPolicy, TrimEvent, Watchdog
+    from .policy import PacingPolicy
+    from .runners import BackgroundTrimmer, Counters, TrimEvent, Watchdog
 
 # Policy-layer names and the module each comes from, imported on first use: `import memreclaim`
 # plus trim()/stats()/rss() cost under 1 MiB of RSS (tests/test_import_cost.py).
@@ -76,10 +77,9 @@ _LAZY_EXPORTS = {
         ("AllocationSite", "Report", "Snapshot", "ameasure", "diagnose", "measure", "snapshot"),
         "diagnosis",
     ),
-    **dict.fromkeys(
-        ("BackgroundTrimmer", "Counters", "PacingPolicy", "TrimEvent", "Watchdog"), "watchdog"
-    ),
-    **dict.fromkeys(("Limits", "limits"), "_limits"),
+    **dict.fromkeys(("BackgroundTrimmer", "Counters", "TrimEvent", "Watchdog"), "runners"),
+    "PacingPolicy": "policy",
+    **dict.fromkeys(("Limits", "limits"), "memlimits"),
     **dict.fromkeys(("ProcessMemory", "inspect"), "_process"),
     "install_signal_handler": "remote",
 }
