@@ -17,8 +17,10 @@ from __future__ import annotations
 from . import _core, _libraries
 from ._core import (
     MMAP_THRESHOLD_MAX,
+    CollectResult,
     HeapStats,
     MemoryStats,
+    ThpSettings,
     TrimResult,
     TrimTotals,
     UnsupportedAllocatorError,
@@ -111,6 +113,7 @@ __all__ = [
     "AllocationSite",
     "ArenaInfo",
     "BackgroundTrimmer",
+    "CollectResult",
     "Counters",
     "HeapStats",
     "Limits",
@@ -121,6 +124,7 @@ __all__ = [
     "ProcessMemory",
     "Report",
     "Snapshot",
+    "ThpSettings",
     "TrimEvent",
     "TrimResult",
     "TrimTotals",
@@ -243,9 +247,9 @@ def asdict(result: object) -> dict[str, Any]:
     """A result as a plain dict, for JSON: every field by name, in the result's field order.
 
     The one dict form of every result type: the C core's struct sequences (:class:`TrimResult`,
-    :class:`MemoryStats`, :class:`HeapStats`), the frozen dataclasses of the Python layers
-    (:class:`ProcessMemory`, :class:`Limits`, :class:`Counters`, :class:`TrimEvent`, ...) and
-    named tuples. Results nested in fields (``MemoryStats.heap``) become dicts the same way;
+    :class:`MemoryStats`, :class:`HeapStats`, :class:`CollectResult`, ...), the frozen
+    dataclasses of the Python layers (:class:`ProcessMemory`, :class:`Limits`,
+    :class:`Counters`, :class:`TrimEvent`, ...) and named tuples. Results nested in fields (``MemoryStats.heap``) become dicts the same way;
     mappings (``parts``, ``figures``, ``libraries``, read-only mapping proxies) become new dicts;
     tuples and lists become lists; other values are kept as they are. The command line's
     ``--json`` output and the answers of ``trim --pid`` / ``stats --pid`` are built with it, so

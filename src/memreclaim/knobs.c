@@ -185,7 +185,7 @@ static PyObject *core_set_purge_delay(PyObject *module, PyObject *value)
 }
 
 PyDoc_STRVAR(collect_thread_doc,
-             "collect_thread(*, abandon=False) -> dict\n\n"
+             "collect_thread(*, abandon=False) -> CollectResult\n\n"
              "The calling thread's share of giving memory back, for what only the owning thread\n"
              "can do (run it in each worker: trim() from one thread does not reach another live\n"
              "thread's heap or cache). mimalloc: mi_collect(true) with the purge delay at 0 for\n"
@@ -195,9 +195,10 @@ PyDoc_STRVAR(collect_thread_doc,
              "thread would be deleted) and the next trim() from any thread gives back its free\n"
              "pages. jemalloc: mallctl thread.idle (else thread.tcache.flush). tcmalloc:\n"
              "MallocExtension_MarkThreadIdle. glibc: nothing (malloc_trim reaches every arena).\n"
-             "The GIL is released during the call. Returns {'method': what was called ('none'),\n"
-             "'anon_before', 'anon_after': anonymous resident bytes around it (None if\n"
-             "unreadable), 'seconds': the call's time}. TypeError when abandon is not a bool.");
+             "The GIL is released during the call. Returns a CollectResult: method (what was\n"
+             "called, 'none' for nothing), anon_before and anon_after (anonymous resident bytes\n"
+             "around it, None if unreadable), seconds (the call's time). TypeError when abandon\n"
+             "is not a bool.");
 
 static PyObject *core_collect_thread(PyObject *module, PyObject *args, PyObject *kwargs)
 {
@@ -221,29 +222,21 @@ static PyObject *core_collect_thread(PyObject *module, PyObject *args, PyObject 
     Py_END_ALLOW_THREADS
     after_err = mr_statm_read(&state->statm, &after);
 
-    result = PyDict_New();
+    const int64_t anon[] = {before_err == 0 ? before.anon : -1, after_err == 0 ? after.anon : -1};
+    result = mr_new_result(module, MR_COLLECT_RESULT);
     if (result == NULL) {
         return NULL;
     }
-    item = PyUnicode_FromString(method);
-    if (item == NULL || PyDict_SetItemString(result, "method", item) < 0) {
-        Py_XDECREF(item);
+    if ((item = PyUnicode_FromString(method)) == NULL) {
         Py_DECREF(result);
         return NULL;
     }
-    Py_DECREF(item);
-    if (mr_dict_set_int(result, "anon_before", before_err == 0 ? before.anon : -1) < 0 ||
-        mr_dict_set_int(result, "anon_after", after_err == 0 ? after.anon : -1) < 0) {
+    PyStructSequence_SetItem(result, 0, item); /* stolen */
+    if (mr_set_ints(result, 1, anon, 2) < 0 || (item = PyFloat_FromDouble(seconds)) == NULL) {
         Py_DECREF(result);
         return NULL;
     }
-    item = PyFloat_FromDouble(seconds);
-    if (item == NULL || PyDict_SetItemString(result, "seconds", item) < 0) {
-        Py_XDECREF(item);
-        Py_DECREF(result);
-        return NULL;
-    }
-    Py_DECREF(item);
+    PyStructSequence_SetItem(result, 3, item);
     return result;
 }
 

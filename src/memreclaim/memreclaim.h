@@ -351,6 +351,12 @@ typedef enum {
     MR_MEMORY_STATS, /* MemoryStats: stats() */
     MR_HEAP_STATS,   /* HeapStats: heap_stats(), stats(heap=True).heap */
     MR_TRIM_TOTALS,  /* TrimTotals: totals() */
+    MR_COLLECT_RESULT,  /* CollectResult: collect_thread() */
+    MR_PROCESS_STATUS,  /* _core.ProcessStatus: process_status() */
+    MR_PROCESS_ROLLUP,  /* _core.ProcessRollup: process_rollup() */
+    MR_MIMALLOC_AREAS,  /* _core.MimallocAreas: mimalloc_areas() */
+    MR_THP_SETTINGS,    /* ThpSettings: thp_settings() */
+    MR_THP_MARKED,      /* _core.ThpMarked: _thp_mark_heap() */
     MR_NTYPES
 } mr_type_id;
 
@@ -387,16 +393,6 @@ PyObject *mr_tuple_of(const void *items, size_t count, mr_item_maker item);
 /* mr_tuple_of for an array of int64_t (mr_int_or_none each) / of uintptr_t. */
 PyObject *mr_tuple_of_ints(const int64_t *values, size_t count);
 PyObject *mr_tuple_of_addresses(const uintptr_t *values, size_t count);
-/* dict[key] = mr_int_or_none(value) / mr_str_or_none(value, "" as None). */
-int mr_dict_set_int(PyObject *dict, const char *key, int64_t value);
-int mr_dict_set_str(PyObject *dict, const char *key, const char *value);
-/* dict[key] = mr_int_or_none(value) for each item, in order: into `dict`, or a new dict. */
-typedef struct {
-    const char *key;
-    int64_t value; /* < 0: None */
-} mr_named_int;
-int mr_dict_set_ints(PyObject *dict, const mr_named_int *items, size_t count);
-PyObject *mr_dict_of_ints(const mr_named_int *items, size_t count);
 /* CLOCK_MONOTONIC in seconds. Pure C: with or without the GIL. */
 double mr_monotonic_seconds(void);
 /* OSError(err) naming the /proc file `path`; returns NULL. */

@@ -124,12 +124,120 @@ static PyStructSequence_Desc heap_stats_desc = {
     5,
 };
 
+static PyStructSequence_Field collect_result_fields[] = {
+    {"method", "what was called for the calling thread ('none' when nothing)"},
+    {"anon_before", "anonymous resident bytes before the call (None if unreadable)"},
+    {"anon_after", "anonymous resident bytes after the call (None if unreadable)"},
+    {"seconds", "seconds the call took"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc collect_result_desc = {
+    "memreclaim.CollectResult",
+    "The outcome of collect_thread(): the calling thread's share of giving memory back.",
+    collect_result_fields,
+    4,
+};
+
+static PyStructSequence_Field process_status_fields[] = {
+    {"name", "the command (Name)"},
+    {"threads", "threads (Threads), or None"},
+    {"rss", "resident bytes (VmRSS), or None"},
+    {"rss_anon", "anonymous resident bytes (RssAnon), or None"},
+    {"rss_file", "file-backed resident bytes (RssFile), or None"},
+    {"rss_shmem", "shared-memory resident bytes (RssShmem), or None"},
+    {"swap", "swapped-out bytes (VmSwap), or None"},
+    {"peak_rss", "the high-water mark of resident bytes (VmHWM), or None"},
+    {"virtual", "virtual size in bytes (VmSize), or None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc process_status_desc = {
+    "memreclaim._core.ProcessStatus",
+    "A process's figures from /proc/PID/status (process_status()); None where the kernel does "
+    "not report one.",
+    process_status_fields,
+    9,
+};
+
+static PyStructSequence_Field process_rollup_fields[] = {
+    {"pss", "proportional set size in bytes (Pss), or None"},
+    {"private_dirty", "bytes (Private_Dirty), or None"},
+    {"shared_clean", "bytes (Shared_Clean), or None"},
+    {"anonymous", "anonymous bytes (Anonymous), or None"},
+    {"anon_huge_pages", "anonymous bytes in huge pages (AnonHugePages), or None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc process_rollup_desc = {
+    "memreclaim._core.ProcessRollup",
+    "A process's /proc/PID/smaps_rollup in bytes (process_rollup()); None where absent.",
+    process_rollup_fields,
+    5,
+};
+
+static PyStructSequence_Field mimalloc_areas_fields[] = {
+    {"small", "in-use bytes in pages of small blocks"},
+    {"large", "in-use bytes in pages of larger blocks"},
+    {"committed", "committed bytes of the pages visited"},
+    {"areas", "pages visited"},
+    {"addresses", "tuple: the start addresses of the first pages visited (at most 4096)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc mimalloc_areas_desc = {
+    "memreclaim._core.MimallocAreas",
+    "The calling thread's mimalloc heap, page by page (mimalloc_areas()).",
+    mimalloc_areas_fields,
+    5,
+};
+
+static PyStructSequence_Field thp_settings_fields[] = {
+    {"mode", "the mode governing 2 MiB pages: 'always', 'madvise', 'never' (pmd_enabled unless it "
+             "is 'inherit', else enabled), or None"},
+    {"enabled", "the bracketed word of enabled, or None"},
+    {"pmd_enabled", "the bracketed word of hugepages-2048kB/enabled (6.8+), or None"},
+    {"defrag", "the bracketed word of defrag, or None"},
+    {"pmd_size", "hpage_pmd_size in bytes, or None"},
+    {"max_ptes_none", "khugepaged/max_ptes_none, or None"},
+    {"scan_sleep_millisecs", "khugepaged/scan_sleep_millisecs, or None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc thp_settings_desc = {
+    "memreclaim.ThpSettings",
+    "The transparent-huge-page settings (thp_settings()); None where the kernel has no such "
+    "file.",
+    thp_settings_fields,
+    7,
+};
+
+static PyStructSequence_Field thp_marked_fields[] = {
+    {"ranges", "heap ranges marked MADV_NOHUGEPAGE"},
+    {"bytes", "bytes in them"},
+    {"skipped", "ranges unmapped meanwhile by another thread"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc thp_marked_desc = {
+    "memreclaim._core.ThpMarked",
+    "What _thp_mark_heap() marked.",
+    thp_marked_fields,
+    3,
+};
+
 /* Each result type's description, by its mr_type_id. */
 static PyStructSequence_Desc *const result_descs[MR_NTYPES] = {
     [MR_TRIM_RESULT] = &trim_result_desc,
     [MR_MEMORY_STATS] = &memory_stats_desc,
     [MR_HEAP_STATS] = &heap_stats_desc,
     [MR_TRIM_TOTALS] = &trim_totals_desc,
+    [MR_COLLECT_RESULT] = &collect_result_desc,
+    [MR_PROCESS_STATUS] = &process_status_desc,
+    [MR_PROCESS_ROLLUP] = &process_rollup_desc,
+    [MR_MIMALLOC_AREAS] = &mimalloc_areas_desc,
+    [MR_THP_SETTINGS] = &thp_settings_desc,
+    [MR_THP_MARKED] = &thp_marked_desc,
 };
 
 /* ---- shared Python glue (declared in memreclaim.h) ------------------------------------------- */
@@ -282,47 +390,6 @@ PyObject *mr_str_or_none(const char *text)
         Py_RETURN_NONE;
     }
     return PyUnicode_FromString(text);
-}
-
-/* dict[key] = item, then item released; item NULL (its exception set) or a failed insertion: -1. */
-static int dict_set_owned(PyObject *dict, const char *key, PyObject *item)
-{
-    int rc;
-    if (item == NULL) {
-        return -1;
-    }
-    rc = PyDict_SetItemString(dict, key, item);
-    Py_DECREF(item);
-    return rc;
-}
-
-int mr_dict_set_int(PyObject *dict, const char *key, int64_t value)
-{
-    return dict_set_owned(dict, key, mr_int_or_none(value));
-}
-
-int mr_dict_set_str(PyObject *dict, const char *key, const char *value)
-{
-    return dict_set_owned(dict, key, mr_str_or_none(value != NULL && value[0] != '\0' ? value : NULL));
-}
-
-int mr_dict_set_ints(PyObject *dict, const mr_named_int *items, size_t count)
-{
-    for (size_t i = 0; i < count; i++) {
-        if (mr_dict_set_int(dict, items[i].key, items[i].value) < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-PyObject *mr_dict_of_ints(const mr_named_int *items, size_t count)
-{
-    PyObject *dict = PyDict_New();
-    if (dict != NULL && mr_dict_set_ints(dict, items, count) < 0) {
-        Py_CLEAR(dict);
-    }
-    return dict;
 }
 
 /* ---- allocator ------------------------------------------------------------------------------- */
