@@ -64,7 +64,7 @@ def test_status_of_another_process(holder: subprocess.Popen[str]) -> None:
 
 
 def test_status_of_self_agrees_with_stats() -> None:
-    st = _core.process_status(os.getpid())
+    st = memreclaim.asdict(_core.process_status(os.getpid()))
     own = memreclaim.stats()
     assert st["name"] == Path("/proc/self/comm").read_text().strip()
     # the same parser reads /proc/self/status for stats(): the slow-moving fields agree

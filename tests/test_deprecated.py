@@ -38,7 +38,7 @@ def test_old_name_warns_and_returns_the_value(module: str, name: str, value: obj
 def test_from_import_of_an_old_name_warns(module: str, name: str, value: object) -> None:
     namespace: dict[str, object] = {}
     with pytest.warns(DeprecationWarning, match=name):
-        exec(f"from {module} import {name} as got", namespace)  # noqa: S102
+        exec(f"from {module} import {name} as got", namespace)
     assert namespace["got"] is value
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from test_limits import v1_cgroup  # noqa: F401  (a fixture: a fresh cgroup v1, removed after)
 
-from memreclaim import pressure
 from memreclaim.pressure import PressureEvent, PressureWatcher
 from memreclaim.runners import wakeups
 

@@ -68,9 +68,8 @@ static PyObject *core_process_status(PyObject *module, PyObject *arg)
     if (err != 0) {
         return raise_pid_error(err, pid, "status");
     }
-    const int64_t figures[] = {status.threads,   status.rss,  status.rss_anon,
-                               status.rss_file,  status.rss_shmem, status.swap,
-                               status.peak_rss,  status.virtual_size};
+    const int64_t figures[] = {status.threads,   status.rss,  status.rss_anon, status.rss_file,
+                               status.rss_shmem, status.swap, status.peak_rss, status.virtual_size};
     result = mr_new_result(module, MR_PROCESS_STATUS);
     if (result == NULL) {
         return NULL;

@@ -347,16 +347,16 @@ int mr_glibc_malloc_info(char **text, size_t *size);
 /* The module's result types (struct sequences), by their index in mr_core_state.types; module.c
  * holds one description per index. */
 typedef enum {
-    MR_TRIM_RESULT,  /* TrimResult: trim() */
-    MR_MEMORY_STATS, /* MemoryStats: stats() */
-    MR_HEAP_STATS,   /* HeapStats: heap_stats(), stats(heap=True).heap */
-    MR_TRIM_TOTALS,  /* TrimTotals: totals() */
-    MR_COLLECT_RESULT,  /* CollectResult: collect_thread() */
-    MR_PROCESS_STATUS,  /* _core.ProcessStatus: process_status() */
-    MR_PROCESS_ROLLUP,  /* _core.ProcessRollup: process_rollup() */
-    MR_MIMALLOC_AREAS,  /* _core.MimallocAreas: mimalloc_areas() */
-    MR_THP_SETTINGS,    /* ThpSettings: thp_settings() */
-    MR_THP_MARKED,      /* _core.ThpMarked: _thp_mark_heap() */
+    MR_TRIM_RESULT,    /* TrimResult: trim() */
+    MR_MEMORY_STATS,   /* MemoryStats: stats() */
+    MR_HEAP_STATS,     /* HeapStats: heap_stats(), stats(heap=True).heap */
+    MR_TRIM_TOTALS,    /* TrimTotals: totals() */
+    MR_COLLECT_RESULT, /* CollectResult: collect_thread() */
+    MR_PROCESS_STATUS, /* _core.ProcessStatus: process_status() */
+    MR_PROCESS_ROLLUP, /* _core.ProcessRollup: process_rollup() */
+    MR_MIMALLOC_AREAS, /* _core.MimallocAreas: mimalloc_areas() */
+    MR_THP_SETTINGS,   /* ThpSettings: thp_settings() */
+    MR_THP_MARKED,     /* _core.ThpMarked: _thp_mark_heap() */
     MR_NTYPES
 } mr_type_id;
 

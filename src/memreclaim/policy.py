@@ -459,12 +459,12 @@ class PacingPolicy:
         ``vsize=``) to this tick.
 
         True while the level is more than ``slack`` over the floor (half of it once a trim has
-        recorded ``mapped``), or the pinned excess is more than ``slack`` (memory pinned at the
-        last trim may be freed later, which RSS cannot show), at most once per
-        ``min_interval`` (or per second), and every 0.1 s near the limit. With ``rss`` (this tick's reading),
-        also at every tick whose growth could be memory that came back by itself after the last
-        trim (more than ``slack``, at most what that trim released plus ``slack``): only the
-        figures tell it from allocation.
+        recorded ``mapped``), or the pinned excess is more than ``slack`` (memory pinned at the last
+        trim may be freed later, which RSS cannot show), at most once per ``min_interval`` (or per
+        second), and every 0.1 s near the limit. With ``rss`` (this tick's reading), also at every
+        tick whose growth could be memory that came back by itself after the last trim (more than
+        ``slack``, at most what that trim released plus ``slack``): only the figures tell it from
+        allocation.
         """
         floor, level = self._require_reset()
         if (

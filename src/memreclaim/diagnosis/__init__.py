@@ -53,7 +53,7 @@ import inspect
 import threading
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator
 from contextlib import closing
 from dataclasses import dataclass, field
 
@@ -519,7 +519,7 @@ class _Protocol:
         self._trace, self._frames, self._top = trace, frames, top
         self._report: Report | None = None
 
-    def runs(self) -> Iterator[None]:
+    def runs(self) -> Generator[None, None, None]:
         """One item per run of the workload: the warm-up (untraced, timed), then the measured
         runs. Closed early (the workload raised), it undoes the snapshot's tracing."""
         start = time.perf_counter()

@@ -14,7 +14,6 @@ in for them: a footprint, confirmed after the trim (``mi_collect``).
 
 from __future__ import annotations
 
-
 from .. import _core
 from .._core import MimallocAreas, UnsupportedAllocatorError, allocator_version, mimalloc_areas
 

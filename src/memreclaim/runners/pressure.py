@@ -39,10 +39,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import _deprecated, _validate
-from ..memlimits import _read
 from .._daemon import DaemonThread
-from ._base import StartStop
+from ..memlimits import _read
 from . import wakeups
+from ._base import StartStop
 from .wakeups import EventsFile, PsiTrigger, WakeSource
 
 __all__ = ["PressureEvent", "PressureWatcher"]
