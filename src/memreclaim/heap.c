@@ -299,13 +299,10 @@ PyDoc_STRVAR(totals_doc,
 
 static PyObject *core_totals(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *result = mr_new_result(module, MR_TRIM_TOTALS), *item;
+    PyObject *result;
     int64_t counts[3], buckets[MR_NBOUNDS + 1];
     double seconds;
 
-    if (result == NULL) {
-        return NULL;
-    }
     (void)pthread_mutex_lock(&totals_lock);
     counts[0] = account.trims;
     counts[1] = account.unproductive;
@@ -315,16 +312,11 @@ static PyObject *core_totals(PyObject *module, PyObject *Py_UNUSED(ignored))
         buckets[i] = account.buckets[i];
     }
     (void)pthread_mutex_unlock(&totals_lock);
-    if (mr_set_ints(result, 0, counts, 3) < 0 || (item = PyFloat_FromDouble(seconds)) == NULL) {
-        Py_DECREF(result);
+    result = mr_new_result_ints(module, MR_TRIM_TOTALS, 0, counts, 3);
+    if (result == NULL || mr_result_put(result, 3, PyFloat_FromDouble(seconds)) < 0 ||
+        mr_result_put(result, 4, mr_tuple_of_ints(buckets, MR_NBOUNDS + 1)) < 0) {
         return NULL;
     }
-    PyStructSequence_SetItem(result, 3, item);
-    if ((item = mr_tuple_of_ints(buckets, MR_NBOUNDS + 1)) == NULL) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    PyStructSequence_SetItem(result, 4, item);
     return result;
 }
 

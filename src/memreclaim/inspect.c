@@ -56,7 +56,7 @@ PyDoc_STRVAR(process_status_doc,
 static PyObject *core_process_status(PyObject *module, PyObject *arg)
 {
     mr_status status;
-    PyObject *result, *name;
+    PyObject *result;
     int pid, err;
 
     if (parse_pid(arg, &pid) < 0) {
@@ -70,18 +70,11 @@ static PyObject *core_process_status(PyObject *module, PyObject *arg)
     }
     const int64_t figures[] = {status.threads,   status.rss,  status.rss_anon, status.rss_file,
                                status.rss_shmem, status.swap, status.peak_rss, status.virtual_size};
-    result = mr_new_result(module, MR_PROCESS_STATUS);
-    if (result == NULL) {
-        return NULL;
-    }
-    name = PyUnicode_DecodeUTF8(status.name, (Py_ssize_t)strlen(status.name), "replace");
-    if (name == NULL) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    PyStructSequence_SetItem(result, 0, name); /* stolen */
-    if (mr_set_ints(result, 1, figures, 8) < 0) {
-        Py_DECREF(result);
+    result = mr_new_result_ints(module, MR_PROCESS_STATUS, 1, figures, 8);
+    if (result == NULL ||
+        mr_result_put(
+            result, 0,
+            PyUnicode_DecodeUTF8(status.name, (Py_ssize_t)strlen(status.name), "replace")) < 0) {
         return NULL;
     }
     return result;
@@ -98,7 +91,6 @@ PyDoc_STRVAR(process_rollup_doc,
 static PyObject *core_process_rollup(PyObject *module, PyObject *arg)
 {
     mr_rollup rollup;
-    PyObject *result;
     int pid, err;
 
     if (parse_pid(arg, &pid) < 0) {
@@ -112,11 +104,7 @@ static PyObject *core_process_rollup(PyObject *module, PyObject *arg)
     }
     const int64_t figures[] = {rollup.pss, rollup.private_dirty, rollup.shared_clean,
                                rollup.anonymous, rollup.anon_huge_pages};
-    result = mr_new_result(module, MR_PROCESS_ROLLUP);
-    if (result != NULL && mr_set_ints(result, 0, figures, 5) < 0) {
-        Py_CLEAR(result);
-    }
-    return result;
+    return mr_new_result_ints(module, MR_PROCESS_ROLLUP, 0, figures, 5);
 }
 
 PyDoc_STRVAR(process_heap_mapping_doc,
@@ -191,17 +179,12 @@ static PyObject *areas_result(PyObject *module, const mr_mi_areas *walk)
 {
     const int64_t figures[] = {(int64_t)walk->small_used, (int64_t)walk->large_used,
                                (int64_t)walk->committed, (int64_t)walk->areas};
-    PyObject *result = mr_new_result(module, MR_MIMALLOC_AREAS), *addresses = NULL;
+    PyObject *result = mr_new_result_ints(module, MR_MIMALLOC_AREAS, 0, figures, 4);
 
-    if (result == NULL) {
+    if (result == NULL ||
+        mr_result_put(result, 4, mr_tuple_of_addresses(walk->addresses, walk->naddresses)) < 0) {
         return NULL;
     }
-    if (mr_set_ints(result, 0, figures, 4) < 0 ||
-        (addresses = mr_tuple_of_addresses(walk->addresses, walk->naddresses)) == NULL) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    PyStructSequence_SetItem(result, 4, addresses); /* stolen */
     return result;
 }
 
@@ -261,21 +244,12 @@ static PyObject *thp_settings_result(PyObject *module, const char *dir)
                            settings.pmd_enabled, settings.defrag};
     const int64_t numbers[] = {settings.pmd_size, settings.max_ptes_none,
                                settings.scan_sleep_millisecs};
-    result = mr_new_result(module, MR_THP_SETTINGS);
-    if (result == NULL) {
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < 4; i++) {
-        PyObject *word = mr_str_or_none(words[i] != NULL && words[i][0] != '\0' ? words[i] : NULL);
-        if (word == NULL) {
-            Py_DECREF(result);
+    result = mr_new_result_ints(module, MR_THP_SETTINGS, 4, numbers, 3);
+    for (Py_ssize_t i = 0; result != NULL && i < 4; i++) {
+        const char *word = words[i] != NULL && words[i][0] != '\0' ? words[i] : NULL;
+        if (mr_result_put(result, i, mr_str_or_none(word)) < 0) {
             return NULL;
         }
-        PyStructSequence_SetItem(result, i, word); /* stolen */
-    }
-    if (mr_set_ints(result, 4, numbers, 3) < 0) {
-        Py_DECREF(result);
-        return NULL;
     }
     return result;
 }
@@ -374,7 +348,6 @@ PyDoc_STRVAR(thp_mark_heap_doc,
 static PyObject *core_thp_mark_heap(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     mr_thp_marked marked = {0, 0, 0};
-    PyObject *result;
     int err;
 
     Py_BEGIN_ALLOW_THREADS
@@ -385,11 +358,7 @@ static PyObject *core_thp_mark_heap(PyObject *module, PyObject *Py_UNUSED(ignore
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     const int64_t figures[] = {marked.ranges, marked.bytes, marked.skipped};
-    result = mr_new_result(module, MR_THP_MARKED);
-    if (result != NULL && mr_set_ints(result, 0, figures, 3) < 0) {
-        Py_CLEAR(result);
-    }
-    return result;
+    return mr_new_result_ints(module, MR_THP_MARKED, 0, figures, 3);
 }
 
 /* ---- method table ---------------------------------------------------------------------------- */

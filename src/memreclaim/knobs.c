@@ -204,7 +204,7 @@ static PyObject *core_collect_thread(PyObject *module, PyObject *args, PyObject 
 {
     static char *keywords[] = {"abandon", NULL};
     mr_core_state *state = mr_state(module);
-    PyObject *abandon_arg = NULL, *result, *item;
+    PyObject *abandon_arg = NULL, *result;
     mr_rss_sample before, after;
     int abandon, before_err, after_err;
     const char *method = "none";
@@ -223,20 +223,11 @@ static PyObject *core_collect_thread(PyObject *module, PyObject *args, PyObject 
     after_err = mr_statm_read(&state->statm, &after);
 
     const int64_t anon[] = {before_err == 0 ? before.anon : -1, after_err == 0 ? after.anon : -1};
-    result = mr_new_result(module, MR_COLLECT_RESULT);
-    if (result == NULL) {
+    result = mr_new_result_ints(module, MR_COLLECT_RESULT, 1, anon, 2);
+    if (result == NULL || mr_result_put(result, 0, PyUnicode_FromString(method)) < 0 ||
+        mr_result_put(result, 3, PyFloat_FromDouble(seconds)) < 0) {
         return NULL;
     }
-    if ((item = PyUnicode_FromString(method)) == NULL) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    PyStructSequence_SetItem(result, 0, item); /* stolen */
-    if (mr_set_ints(result, 1, anon, 2) < 0 || (item = PyFloat_FromDouble(seconds)) == NULL) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    PyStructSequence_SetItem(result, 3, item);
     return result;
 }
 

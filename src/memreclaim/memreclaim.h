@@ -386,6 +386,13 @@ PyObject *mr_int_or_none(int64_t value);
 PyObject *mr_str_or_none(const char *text);
 /* Slots [first, first + count) of a struct sequence from `values` (mr_int_or_none each). */
 int mr_set_ints(PyObject *result, Py_ssize_t first, const int64_t *values, Py_ssize_t count);
+/* A new result of type `id` with slots [first, first + count) from `values` (mr_set_ints); the
+ * others are the caller's to fill (mr_result_put). */
+PyObject *mr_new_result_ints(PyObject *module, mr_type_id id, Py_ssize_t first,
+                             const int64_t *values, Py_ssize_t count);
+/* Slot i of a new result = item (stolen). item NULL (its exception set): the result is released
+ * and -1 returned, so a builder can chain these with || and return NULL. */
+int mr_result_put(PyObject *result, Py_ssize_t i, PyObject *item);
 /* A tuple of `count` items, item i made by item(items, i) (a new reference, or NULL with an
  * exception set: then the tuple is released and NULL returned). */
 typedef PyObject *(*mr_item_maker)(const void *items, size_t i);

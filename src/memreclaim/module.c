@@ -296,6 +296,26 @@ PyObject *mr_tuple_of_addresses(const uintptr_t *values, size_t count)
     return mr_tuple_of(values, count, address_item);
 }
 
+PyObject *mr_new_result_ints(PyObject *module, mr_type_id id, Py_ssize_t first,
+                             const int64_t *values, Py_ssize_t count)
+{
+    PyObject *result = mr_new_result(module, id);
+    if (result != NULL && mr_set_ints(result, first, values, count) < 0) {
+        Py_CLEAR(result);
+    }
+    return result;
+}
+
+int mr_result_put(PyObject *result, Py_ssize_t i, PyObject *item)
+{
+    if (item == NULL) {
+        Py_DECREF(result);
+        return -1;
+    }
+    PyStructSequence_SetItem(result, i, item);
+    return 0;
+}
+
 double mr_monotonic_seconds(void)
 {
     struct timespec ts;
