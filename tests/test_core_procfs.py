@@ -185,11 +185,22 @@ def test_readers_return_struct_sequences_whose_dicts_keep_the_old_keys() -> None
     assert isinstance(st, _core.ProcessStatus) and isinstance(st, tuple)
     assert isinstance(rollup, _core.ProcessRollup) and isinstance(rollup, tuple)
     assert list(memreclaim.asdict(st)) == [
-        "name", "threads", "rss", "rss_anon", "rss_file", "rss_shmem", "swap", "peak_rss",
+        "name",
+        "threads",
+        "rss",
+        "rss_anon",
+        "rss_file",
+        "rss_shmem",
+        "swap",
+        "peak_rss",
         "virtual",
     ]
     assert list(memreclaim.asdict(rollup)) == [
-        "pss", "private_dirty", "shared_clean", "anonymous", "anon_huge_pages",
+        "pss",
+        "private_dirty",
+        "shared_clean",
+        "anonymous",
+        "anon_huge_pages",
     ]
     assert st.name == Path("/proc/self/comm").read_text().strip()
     assert st.threads == len(os.listdir("/proc/self/task"))

@@ -35,6 +35,8 @@ def _settings() -> dict[str, Any]:
 
 def _settings_at(directory: str | Path) -> dict[str, Any]:
     return memreclaim.asdict(_core._thp_settings_at(directory))
+
+
 SYSFS = Path("/sys/kernel/mm/transparent_hugepage")
 
 

@@ -20,7 +20,7 @@ runners can sleep on too), found through ``/proc/self/cgroup`` unless given:
   signals a change of the file with ``POLLPRI``; the file is also read every ``poll_interval``.
 
 The watcher runs in its own daemon thread (never on an event loop; its lifecycle is
-:class:`~memreclaim.runners._base.DaemonThread`'s). The callback gets a
+:class:`memreclaim._daemon.DaemonThread`'s). The callback gets a
 :class:`PressureEvent`; two calls are at least ``min_interval`` seconds apart (events meanwhile
 are counted in :attr:`PressureWatcher.suppressed`). A callback that raises is logged and counted;
 the watcher keeps running.
