@@ -212,3 +212,55 @@ def test_the_builder_exception_is_only_for_the_builder() -> None:
     limit = EXCEPTIONS[("cli/__init__.py", "build_parser")]
     rows = [("cli/__init__.py", "build_parser", 1, limit), ("cli/run.py", "build_parser", 1, 81)]
     assert too_long(rows) == ["src/memreclaim/cli/run.py:1 build_parser() is 81 lines (at most 80)"]
+
+
+# ---- _core.pyi's struct-sequence stubs ------------------------------------------------------
+
+STUB = PACKAGE / "_core.pyi"
+
+
+def _stub_fields() -> tuple[dict[str, set[str]], set[str]]:
+    """Each stub class's properties, its bases' included; and the ``@type_check_only`` classes."""
+    classes = {n.name: n for n in ast.parse(STUB.read_text()).body if isinstance(n, ast.ClassDef)}
+
+    def fields(name: str) -> set[str]:
+        node = classes[name]
+        own = {
+            f.name
+            for f in node.body
+            if isinstance(f, ast.FunctionDef)
+            and any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)
+        }
+        for base in node.bases:
+            if isinstance(base, ast.Name) and base.id in classes:
+                own |= fields(base.id)
+        return own
+
+    stub_only = {
+        name
+        for name, node in classes.items()
+        if any(isinstance(d, ast.Name) and d.id == "type_check_only" for d in node.decorator_list)
+    }
+    return {name: fields(name) for name in classes}, stub_only
+
+
+def test_struct_sequence_stubs_declare_the_runtime_fields() -> None:
+    """Every struct sequence of _core has in the stub exactly its runtime fields (the stub-only
+    bases that share fields between two types included), and those bases are absent at
+    runtime, as ``@type_check_only`` says."""
+    from memreclaim import _core
+
+    declared, stub_only = _stub_fields()
+    assert stub_only, "_core.pyi: the stub-only bases are gone: update this test"
+    checked = 0
+    for name, fields in declared.items():
+        if name in stub_only:
+            assert not hasattr(_core, name), f"_core.{name} exists at runtime: not stub-only"
+            continue
+        runtime = vars(getattr(_core, name))
+        members = {k for k, v in runtime.items() if type(v).__name__ == "member_descriptor"}
+        if not members:
+            continue  # not a struct sequence (the exception class)
+        assert fields == members, f"_core.pyi {name}: {sorted(fields ^ members)} differ"
+        checked += 1
+    assert checked >= 10, f"only {checked} struct sequences checked"
