@@ -1,6 +1,6 @@
-"""memreclaim.glibc's thread-arena heuristics: arenas_retaining, fix_thread_trim_threshold,
+"""memreclaim.glibc's thread-arena heuristics: _arenas_retaining, _fix_thread_trim_threshold,
 bound_thread_tops and nudge_arena, on real thread arenas in a fresh interpreter (each changes
-process state); environment_thresholds."""
+process state); _environment_thresholds."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ for _ in range(6000):                                # bounded: 60 s
     if len(held) == 2:
         break
     done.wait(0.01)
-found = glibc.arenas_retaining(4 * 2**20)
-above = glibc.arenas_retaining(100 * 2**20)
+found = glibc._arenas_retaining(4 * 2**20)
+above = glibc._arenas_retaining(100 * 2**20)
 done.set()
 for t in threads:
     t.join(60)
@@ -79,7 +79,7 @@ for _ in range(6000):
     if "kept" in out:
         break
     go.wait(0.01)
-out["threshold"] = glibc.fix_thread_trim_threshold()
+out["threshold"] = glibc._fix_thread_trim_threshold()
 go.set()
 t.join(60)
 emit(**out)
@@ -91,15 +91,15 @@ def test_nudge_after_the_fix_gives_the_thread_arena_top_back(
     run_python: Callable[..., Any],
 ) -> None:
     result = run_python(NUDGE)
-    assert result["threshold"] == glibc.THREAD_TRIM_THRESHOLD
+    assert result["threshold"] == glibc._THREAD_TRIM_THRESHOLD
     assert result["kept"] - result["after"] > 2 * 2**20, result
 
 
 def test_arenas_retaining_rejects_a_bad_slack() -> None:
     with pytest.raises(ValueError, match="slack"):
-        glibc.arenas_retaining(-1)
+        glibc._arenas_retaining(-1)
     with pytest.raises(TypeError, match="slack"):
-        glibc.arenas_retaining(object())  # type: ignore[arg-type]
+        glibc._arenas_retaining(object())  # type: ignore[arg-type]
 
 
 def test_fix_needs_glibc(run_python: Callable[..., Any]) -> None:
@@ -108,9 +108,9 @@ def test_fix_needs_glibc(run_python: Callable[..., Any]) -> None:
         """
         from memreclaim import glibc
         try:
-            glibc.fix_thread_trim_threshold()
+            glibc._fix_thread_trim_threshold()
         except memreclaim.UnsupportedAllocatorError as exc:
-            emit(error=str(exc), retaining=glibc.arenas_retaining(0))
+            emit(error=str(exc), retaining=glibc._arenas_retaining(0))
         """,
         env={"LD_PRELOAD": str(lib)},
     )
@@ -202,7 +202,7 @@ def test_environment_thresholds(
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert glibc.environment_thresholds() == expected
+    assert glibc._environment_thresholds() == expected
 
 
 RUNNER_AT_START = """

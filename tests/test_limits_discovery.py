@@ -1,4 +1,4 @@
-"""memreclaim.memlimits' one cgroup discovery: cgroup_dirs and read_counters on fixture trees, the
+"""memreclaim.memlimits' one cgroup discovery: cgroup_dirs and _read_counters on fixture trees, the
 same directories for the limits and the pressure watcher's sources."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memreclaim import memlimits
-from memreclaim.memlimits import CgroupDirs, cgroup_dirs, read_counters
+from memreclaim.memlimits import CgroupDirs, _read_counters, cgroup_dirs
 from memreclaim.runners.wakeups import find_sources
 
 MOUNTINFO = (
@@ -67,8 +67,8 @@ def test_bad_root() -> None:
 
 def test_read_counters() -> None:
     text = "low 0\nhigh 17\nbroken\nmax x\noom_kill 1\n"
-    assert read_counters(text) == {"low": 0, "high": 17, "oom_kill": 1}
-    assert read_counters(None) == {} and read_counters("") == {}
+    assert _read_counters(text) == {"low": 0, "high": 17, "oom_kill": 1}
+    assert _read_counters(None) == {} and _read_counters("") == {}
 
 
 def test_the_old_private_path_is_the_same_module_content() -> None:

@@ -1,6 +1,6 @@
 import os
 from collections.abc import Callable
-from typing import Any, Final, final
+from typing import Any, Final, final, type_check_only
 
 MMAP_THRESHOLD_MAX: Final[int]
 UNPRODUCTIVE_BELOW: Final[int]
@@ -34,10 +34,23 @@ class ThpMarked(tuple[object, ...]):
     @property
     def skipped(self) -> int: ...
 
-@final
-class CollectResult(tuple[object, ...]):
+# Two stub-only bases (absent at runtime: each struct sequence is a plain tuple subclass made in
+# C) for the fields that two result types share with the same types.
+@type_check_only
+class _RssParts(tuple[object, ...]):
+    """rss_anon, rss_file, rss_shmem: ProcessStatus's and MemoryStats' /proc parts of RSS."""
+
     @property
-    def method(self) -> str: ...
+    def rss_anon(self) -> int | None: ...
+    @property
+    def rss_file(self) -> int | None: ...
+    @property
+    def rss_shmem(self) -> int | None: ...
+
+@type_check_only
+class _AnonDelta(tuple[object, ...]):
+    """anon_before, anon_after, seconds: CollectResult's and TrimResult's measure of the call."""
+
     @property
     def anon_before(self) -> int | None: ...
     @property
@@ -46,19 +59,18 @@ class CollectResult(tuple[object, ...]):
     def seconds(self) -> float: ...
 
 @final
-class ProcessStatus(tuple[object, ...]):
+class CollectResult(_AnonDelta):
+    @property
+    def method(self) -> str: ...
+
+@final
+class ProcessStatus(_RssParts):
     @property
     def name(self) -> str: ...
     @property
     def threads(self) -> int | None: ...
     @property
     def rss(self) -> int | None: ...
-    @property
-    def rss_anon(self) -> int | None: ...
-    @property
-    def rss_file(self) -> int | None: ...
-    @property
-    def rss_shmem(self) -> int | None: ...
     @property
     def swap(self) -> int | None: ...
     @property
@@ -93,19 +105,13 @@ class MimallocAreas(tuple[object, ...]):
     def addresses(self) -> tuple[int, ...]: ...
 
 @final
-class TrimResult(tuple[object, ...]):
+class TrimResult(_AnonDelta):
     @property
     def released(self) -> int | None: ...
     @property
     def rss_before(self) -> int | None: ...
     @property
     def rss_after(self) -> int | None: ...
-    @property
-    def anon_before(self) -> int | None: ...
-    @property
-    def anon_after(self) -> int | None: ...
-    @property
-    def seconds(self) -> float: ...
     @property
     def allocator(self) -> str: ...
     @property
@@ -154,15 +160,9 @@ class HeapStats(tuple[object, ...]):
     def figures(self) -> dict[str, int]: ...
 
 @final
-class MemoryStats(tuple[object, ...]):
+class MemoryStats(_RssParts):
     @property
     def rss(self) -> int: ...
-    @property
-    def rss_anon(self) -> int | None: ...
-    @property
-    def rss_file(self) -> int | None: ...
-    @property
-    def rss_shmem(self) -> int | None: ...
     @property
     def peak_rss(self) -> int | None: ...
     @property

@@ -5,10 +5,15 @@ glibc's ``malloc_trim`` does not shrink the tops of non-main thread arenas. Boun
 (:func:`bound_thread_tops`: the mmap threshold pinned at its maximum, the trim threshold at
 :data:`THREAD_TOP_BOUND`) makes every free at a top give back what it keeps above the bound, with
 no cost on loops of blocks under it; the runners (:mod:`memreclaim.runners`) do it at start
-unless the environment sets the thresholds (:func:`environment_thresholds`).
-:func:`fix_thread_trim_threshold` (128 KiB, the runners' knob before) is kept for callers. A free
-of a chunk of 64 KiB or more in an arena (:func:`nudge_arena`, made in the thread that owns it)
-gives back a top kept from before. The diagnosis reads :func:`arenas_retaining`.
+unless the environment sets the thresholds (``_environment_thresholds``). A free of a chunk of
+64 KiB or more in an arena (:func:`nudge_arena`, made in the thread that owns it) gives back a
+top kept from before.
+
+Private, for the package and its tests only (made after 0.2.0, never released): the runners'
+environment check ``_environment_thresholds``, the earlier 128 KiB trim-threshold knob
+``_fix_thread_trim_threshold`` (``_THREAD_TRIM_THRESHOLD``; :func:`bound_thread_tops` replaced
+it), ``_arenas_retaining`` (the watchdog's old two-thread-arena trigger, no longer called) and
+``_NUDGE_BYTES``, the size :func:`nudge_arena` frees.
 """
 
 from __future__ import annotations
@@ -25,27 +30,22 @@ if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
 
 __all__ = [
-    "NUDGE_BYTES",
     "THREAD_TOP_BOUND",
-    "THREAD_TRIM_THRESHOLD",
     "ArenaInfo",
     "arenas",
-    "arenas_retaining",
     "bound_thread_tops",
-    "environment_thresholds",
-    "fix_thread_trim_threshold",
     "nudge_arena",
     "set_arena_max",
 ]
 
-THREAD_TRIM_THRESHOLD = 128 * 1024
-"""The trim threshold :func:`fix_thread_trim_threshold` sets (bytes)."""
+_THREAD_TRIM_THRESHOLD = 128 * 1024
+"""The trim threshold :func:`_fix_thread_trim_threshold` sets (bytes)."""
 
 THREAD_TOP_BOUND = 4 * 1024 * 1024
 """The trim threshold :func:`bound_thread_tops` sets (bytes): what a free leaves at most at the
 top of any arena, the main one and every thread's."""
 
-NUDGE_BYTES = 96 * 1024
+_NUDGE_BYTES = 96 * 1024
 """The chunk :func:`nudge_arena` frees: >= glibc's FASTBIN_CONSOLIDATION_THRESHOLD (64 KiB), the
 size of a free that makes glibc trim its arena's top, and under any mmap threshold (>= 128 KiB)."""
 
@@ -136,7 +136,7 @@ def set_arena_max(n: int) -> None:
         )
 
 
-def arenas_retaining(slack: int) -> tuple[int, int] | None:
+def _arenas_retaining(slack: int) -> tuple[int, int] | None:
     """(thread arenas, bytes they map) when two or more thread arenas (not the main one) map more
     than ``slack`` bytes between them; None otherwise, and when glibc does not serve malloc.
 
@@ -159,8 +159,8 @@ def arenas_retaining(slack: int) -> tuple[int, int] | None:
     return None
 
 
-def fix_thread_trim_threshold() -> int:
-    """Fix glibc's trim threshold at :data:`THREAD_TRIM_THRESHOLD` and return it.
+def _fix_thread_trim_threshold() -> int:
+    """Fix glibc's trim threshold at :data:`_THREAD_TRIM_THRESHOLD` and return it.
 
     ``malloc_trim`` cannot shrink the tops of thread arenas; a free at a top does, when the top
     exceeds the threshold. Fixing it also stops glibc's adaptive thresholds (as
@@ -174,8 +174,8 @@ def fix_thread_trim_threshold() -> int:
         raise UnsupportedAllocatorError(
             f"the trim threshold is glibc's; malloc is served by {_core.allocator()}"
         )
-    _core.set_trim_threshold(THREAD_TRIM_THRESHOLD)
-    return THREAD_TRIM_THRESHOLD
+    _core.set_trim_threshold(_THREAD_TRIM_THRESHOLD)
+    return _THREAD_TRIM_THRESHOLD
 
 
 def bound_thread_tops() -> tuple[int, int]:
@@ -188,7 +188,7 @@ def bound_thread_tops() -> tuple[int, int]:
     one or a thread's, gives the rest back (``malloc_trim`` never shrinks a thread arena's top:
     this does, as the thread frees). A loop of blocks under the bound costs nothing more; only
     blocks between the bound and 32 MiB give pages back at each free
-    (``benchmarks/bench_knob_cost.py``). Like :func:`fix_thread_trim_threshold` it stops glibc's
+    (``benchmarks/bench_knob_cost.py``). Like :func:`_fix_thread_trim_threshold` it stops glibc's
     adaptive thresholds, and it does not undo a top kept already (:func:`nudge_arena`).
 
     Raises:
@@ -207,7 +207,7 @@ _ENVIRONMENT_THRESHOLDS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "
 _TUNABLES = ("glibc.malloc.trim_threshold", "glibc.malloc.mmap_threshold", "glibc.malloc.top_pad")
 
 
-def environment_thresholds() -> str | None:
+def _environment_thresholds() -> str | None:
     """The environment's setting of glibc's trim, mmap or top-pad threshold, or None.
 
     ``"NAME=value"`` for the first of ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_`` and
@@ -225,11 +225,12 @@ def environment_thresholds() -> str | None:
 
 
 def nudge_arena() -> None:
-    """Allocate and free one :data:`NUDGE_BYTES` chunk in the calling thread's arena.
+    """Allocate and free one :data:`_NUDGE_BYTES` chunk in the calling thread's arena.
 
-    Once the trim threshold is fixed (:func:`fix_thread_trim_threshold`), that free gives back the
-    top this thread's arena kept. Call it from the thread that owns the arena (a hook at the end of
-    a request). Harmless, and useless, under other allocators.
+    Once the trim threshold is fixed (:func:`bound_thread_tops`, which the runners call at
+    start), that free gives back what this thread's arena keeps at its top above the threshold.
+    Call it from the thread that owns the arena (a hook at the end of a request). Harmless, and
+    useless, under other allocators.
     """
-    block = bytearray(NUDGE_BYTES)
+    block = bytearray(_NUDGE_BYTES)
     del block

@@ -47,7 +47,6 @@ __all__ = [
     "auto_limit",
     "cgroup_dirs",
     "limits",
-    "read_counters",
     "read_limits",
 ]
 
@@ -114,7 +113,7 @@ def _bytes(text: str | None) -> int | None:
     return None if value >= UNLIMITED or value < 0 else value
 
 
-def read_counters(text: str | None) -> dict[str, int]:
+def _read_counters(text: str | None) -> dict[str, int]:
     """The ``name value`` lines of a flat-keyed cgroup file (``memory.events``,
     ``memory.oom_control``) as a dict; lines that are not a name and a count are skipped."""
     result: dict[str, int] = {}
@@ -266,7 +265,7 @@ def _from_cgroup2(dirs: tuple[str, ...]) -> Limits | None:
         and _read(os.path.join(own, "memory.current")) is None
     ):
         return None  # the memory controller is not enabled for this cgroup
-    return _limits_of("cgroup2", dirs, read_counters(_read(os.path.join(own, "memory.events"))))
+    return _limits_of("cgroup2", dirs, _read_counters(_read(os.path.join(own, "memory.events"))))
 
 
 def _from_cgroup1(dirs: tuple[str, ...]) -> Limits | None:
@@ -277,7 +276,7 @@ def _from_cgroup1(dirs: tuple[str, ...]) -> Limits | None:
     failcnt = _read(os.path.join(own, "memory.failcnt"))
     if failcnt is not None and failcnt.isdigit():
         events["failcnt"] = int(failcnt)
-    oom = read_counters(_read(os.path.join(own, "memory.oom_control")))
+    oom = _read_counters(_read(os.path.join(own, "memory.oom_control")))
     if "oom_kill" in oom:
         events["oom_kill"] = oom["oom_kill"]
     return _limits_of("cgroup1", dirs, events)

@@ -6,8 +6,8 @@ the shared :mod:`~memreclaim.runners._base`); this module re-exports them.
 
 from __future__ import annotations
 
+from . import _deprecated, glibc
 from ._daemon import _at_exit as _at_exit
-from .glibc import THREAD_TRIM_THRESHOLD as THREAD_TRIM_THRESHOLD
 from .policy import Decision, PacingPolicy
 from .runners._base import MAX_INTERVAL as MAX_INTERVAL
 from .runners._base import Counters, TrimEvent
@@ -23,3 +23,15 @@ __all__ = [
     "TrimEvent",
     "Watchdog",
 ]
+
+# In 0.2.0 (importable, not in __all__); one release, then gone.
+_PRIVATE: dict[str, tuple[str, object]] = {
+    "THREAD_TRIM_THRESHOLD": (
+        "memreclaim.glibc.bound_thread_tops() (the runners' knob now, THREAD_TOP_BOUND)",
+        glibc._THREAD_TRIM_THRESHOLD,
+    ),
+}
+
+
+def __getattr__(name: str) -> object:
+    return _deprecated.lookup(__name__, name, _PRIVATE)

@@ -173,7 +173,7 @@ def _fix_thread_thresholds(reason: str) -> bool:
         return False
     if memreclaim.allocator() == "glibc":
         _thresholds_set = True
-        setting = glibc.environment_thresholds()
+        setting = glibc._environment_thresholds()
         if setting is not None:
             logger.info(
                 "memreclaim: left glibc's thresholds as the environment sets them (%s; %s):"

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..memlimits import UsageAlarm, _eventfd_poke, cgroup_dirs, read_counters, usage_alarm
+from ..memlimits import UsageAlarm, _eventfd_poke, _read_counters, cgroup_dirs, usage_alarm
 
 __all__ = [
     "EVENT_COUNTERS",
@@ -195,7 +195,7 @@ class EventsFile(WakeSource):
 
     def __init__(self, path: str) -> None:
         super().__init__(path, os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
-        self.counters = read_counters(self._pread())
+        self.counters = _read_counters(self._pread())
 
     def _pread(self) -> str | None:
         try:
@@ -207,7 +207,7 @@ class EventsFile(WakeSource):
         """Read the file; which counters grew by how much since the last read, or None."""
         # A counter missing from a read (a failed or empty one: a file being rewritten) keeps
         # its last value; taken as 0 it would count everything since boot again next time.
-        counters = {**self.counters, **read_counters(self._pread())}
+        counters = {**self.counters, **_read_counters(self._pread())}
         grew = {
             key: counters[key] - self.counters.get(key, 0)
             for key in EVENT_COUNTERS
