@@ -109,8 +109,11 @@ print(json.dumps({"parent": state(), "child": child}))
     assert out["child"]["ticks"] == 0
 
 
-def test_a_spawned_child_starts_one_through_the_hook() -> None:
-    code = STATE + """
+def test_a_spawned_child_starts_one_through_the_hook(tmp_path: Path) -> None:
+    """multiprocessing's spawn method (uvicorn --workers): a fresh interpreter, whose start-up
+    hook reads the inherited MEMRECLAIM."""
+    script = tmp_path / "spawner.py"  # spawn pickles the target by name: a file, not -c
+    script.write_text(STATE + """
 import multiprocessing as mp
 def probe(queue):
     from memreclaim.runners import autostart
@@ -124,8 +127,9 @@ if __name__ == "__main__":
     child = queue.get(timeout=60)
     proc.join(60)
     print(json.dumps({"child": child, "parent": state()}))
-"""
-    out, err = python(code, {"MEMRECLAIM": "1"})
+""")
+    out, err = python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
+                      {"MEMRECLAIM": "1"})
     assert out["child"]["running"] is True, err
     assert out["child"]["pid"] != out["parent"]["pid"]
 

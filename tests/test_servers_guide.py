@@ -58,7 +58,7 @@ def test_the_guide_block_is_the_app() -> None:
 def test_guide_app_lookup_fails_clearly(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("# nothing\n\n```python\nprint(1)\n```\n")
-    with pytest.raises(LookupError, match="# app.py"):
+    with pytest.raises(LookupError, match=r"# app\.py"):
         bench_servers.guide_app(page)
 
 

@@ -142,9 +142,9 @@ def burst_http(port: int, pids: list[int], log: Path) -> dict[int, int]:
     seed = 0
     for _ in range(6):
         with ThreadPoolExecutor(12) as pool:
-            answers = list(
-                pool.map(lambda i: bench_servers.get(port, f"/burst?{i}")["pid"], range(seed, seed + 12))
-            )
+            seeds = range(seed, seed + 12)
+            replies = pool.map(lambda i: bench_servers.get(port, f"/burst?{i}"), seeds)
+            answers = [reply["pid"] for reply in replies]
         seed += 12
         for pid in answers:
             assert pid in served, f"an answer from {pid}, not a worker {pids}:\n{log.read_text()}"
@@ -166,7 +166,9 @@ def totals_http(port: int, pids: list[int]) -> dict[int, dict[str, Any]]:
     return seen
 
 
-def start(argv: list[str], tmp_path: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start(
+    argv: list[str], tmp_path: Path, port: int, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
     (tmp_path / "app.py").write_text(bench_servers.APP)
     env = {**env, "PYTHONPATH": str(tmp_path), "BENCH_RECIPE": "none", "BENCH_OFFLOAD": "0"}
     env.pop("LD_PRELOAD", None)
@@ -238,7 +240,8 @@ def test_control_without_memreclaim_the_bursts_stay(tmp_path: Path) -> None:
     can fail). Checked over a bounded wait as long as the others' typical give-back."""
     pytest.importorskip("gunicorn")
     port = bench_servers.free_port()
-    proc = start([sys.executable, "-m", *server_argv("gunicorn-sync", port)], tmp_path, port, base_env())
+    argv = [sys.executable, "-m", *server_argv("gunicorn-sync", port)]
+    proc = start(argv, tmp_path, port, base_env())
     log = tmp_path / "server.log"
     try:
         pids = wait_for_workers(proc.pid, WORKERS, log)
@@ -318,7 +321,9 @@ CELERY_APP = textwrap.dedent(
 )
 
 
-def celery_results(out: Path, names: list[str], proc: subprocess.Popen[bytes], log: Path) -> list[dict[str, Any]]:
+def celery_results(
+    out: Path, names: list[str], proc: subprocess.Popen[bytes], log: Path
+) -> list[dict[str, Any]]:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if all((out / f"{name}.json").exists() for name in names):

@@ -21,7 +21,6 @@ from memreclaim.units import format_bytes
 
 from ._common import CliError, show_size
 
-
 _started = time.perf_counter()  # this process's start, reset in each forked child
 _first_pid = os.getpid()
 

@@ -205,8 +205,8 @@ class MultiprocessMirror:
     ``memreclaim_rss_bytes`` and ``memreclaim_rss_anon_bytes`` as gauges with a ``pid`` label
     per live worker (``multiprocess_mode="liveall"``); the limit as ``memreclaim_limit_bytes``
     with its ``source`` label, as the collector reports it (``"livemax"``; absent when there is
-    none, so a headroom query divides by nothing rather than by 0). Not mirrored: ``memreclaim_traced_bytes``,
-    ``memreclaim_limit_target_bytes``.
+    none, so a headroom query divides by nothing rather than by 0). Not mirrored:
+    ``memreclaim_traced_bytes``, ``memreclaim_limit_target_bytes``.
 
     ``registry=None`` leaves the metrics unregistered (multiprocess mode collects them from the
     files, not from a registry); tests pass their own registry.

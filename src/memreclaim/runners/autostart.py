@@ -116,7 +116,8 @@ class Settings:
         if self.log is not None:
             _validate.instance("log", self.log, str)
             if self.log not in _LEVELS:
-                raise ValueError(f"log must be one of {', '.join(_LEVELS)} or None, got {self.log!r}")
+                choices = ", ".join(_LEVELS)
+                raise ValueError(f"log must be one of {choices} or None, got {self.log!r}")
 
     def environment(self) -> dict[str, str]:
         """These settings as the variables that give them to a spawned interpreter."""
@@ -317,6 +318,9 @@ def from_environment() -> BackgroundTrimmer | None:
         return None
     if settings is None:
         return None
+    active = current()
+    if active is not None and _settings == settings:  # site runs a venv's .pth files twice
+        return active
     try:
         runner = activate(settings)
     except Exception as exc:  # never break the interpreter's start
