@@ -5,14 +5,9 @@ routes are appended: ``/`` and ``/trim``) and run by benchmarks/bench_servers.py
 ``guide_run`` under uvicorn and under gunicorn with ``uvicorn_worker.UvicornWorker`` (one
 worker), on 127.0.0.1. A burst of 12 concurrent requests goes to its ``async def`` endpoint or to
 its ``def`` one; then, with no traffic, the lifespan's watchdog trims and RSS goes flat (bounded
-wait). The guide predicts, for each kind:
-
-- both: the watchdog ends at the level one explicit ``trim()`` reaches in the same worker
-  (within 15 % or 16 MiB);
-- ``async def``: that level is back near the start, under base + a quarter of the burst's
-  growth (VmHWM - base);
-- ``def``: the trim level only, which the guide's table shows above the ``async def`` one (the
-  two levels come from different servers: their ratio is the benchmark's figure).
+wait). The guide predicts, for each kind, that the watchdog ends at the level one explicit
+``trim()`` reaches in the same worker (within 15 % or 16 MiB), and nothing lower: its table has
+the two levels (the ``def`` one higher), figures of the benchmark, not asserted here.
 
 Its /metrics, mounted as the guide mounts it, shows the trims; SIGINT (to the session, as a
 terminal's Ctrl-C) or SIGTERM (to the server, as a container runtime) stops it within a generous
@@ -92,8 +87,6 @@ def test_guide_app_ends_the_burst_where_the_guide_says(
     assert growth > 100 * MiB, f"the burst did not grow the worker: {figures}"
     reachable = run["reachable"]
     assert run["end"] <= max(1.15 * reachable, reachable + 16 * MiB), figures
-    if kind == "async":
-        assert run["end"] <= run["base"] + 0.25 * growth, figures
     # the mounted /metrics shows the trims (every trim of the process, the watchdog's included)
     assert run["metrics_trims"] is not None and run["metrics_trims"] >= run["watchdog_trims"] >= 1
     assert run["metrics_released"] and run["metrics_released"] > 50 * MiB, figures
