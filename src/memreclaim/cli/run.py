@@ -101,8 +101,8 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"memreclaim run{who}: {elapsed:.1f} s, peak RSS {show_size(st.peak_rss)}, RSS now"
             f" {show_size(st.rss)}; {done.trims} trim(s) released"
             f" {format_bytes(done.bytes_released)} in {done.trim_seconds * 1000:.1f} ms"
-            f" (interval {args.interval:g} s, slack {format_bytes(args.slack)}, min interval"
-            f" {trimmer.policy.min_interval:g} s)",
+            f" (interval {args.interval:g} s, slack {format_bytes(trimmer.policy.slack)},"
+            f" min interval {trimmer.policy.min_interval:g} s)",
             file=sys.stderr,
         )
     return status

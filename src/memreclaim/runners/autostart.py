@@ -38,8 +38,9 @@ Variables (read once, when the process starts; a forked child keeps its parent's
                             ``off``, ``false``, ``no``: do nothing; anything else: a
                             RuntimeWarning naming the value, and nothing starts
 ``MEMRECLAIM_INTERVAL``     seconds between two checks (``run --interval``; default 1)
-``MEMRECLAIM_SLACK``        growth over the floor that triggers a trim, a size such as
-                            ``64MiB`` (``run --slack``; default 64 MiB)
+``MEMRECLAIM_SLACK``        growth over the learned level that triggers a trim, a size such as
+                            ``64MiB`` (``run --slack``; default: the pacing policy's,
+                            ``max(8 MiB, level / 8)``, as the hooks use)
 ``MEMRECLAIM_MIN_INTERVAL`` seconds between two trims at least (``run --min-interval``; default:
                             the pacing policy's)
 ``MEMRECLAIM_LOG``          ``info`` or ``debug`` (also ``warning``): add a stderr handler at that
@@ -89,7 +90,6 @@ _ON = ("1", "on", "true", "yes")
 _OFF = ("", "0", "off", "false", "no")
 
 DEFAULT_INTERVAL = 1.0
-DEFAULT_SLACK = 64 << 20
 
 RUNNER_NAME = "memreclaim-autostart"
 
@@ -100,8 +100,12 @@ class Settings:
 
     interval: float = DEFAULT_INTERVAL
     """Seconds between two checks."""
-    slack: int = DEFAULT_SLACK
-    """Bytes of growth over the floor that trigger a trim."""
+    slack: int | None = None
+    """Bytes of growth over the learned level that trigger a trim; None: the pacing policy's
+    (``max(8 MiB, level / 8)``). A fixed slack larger than that can leave a level learned by a
+    trim in the middle of a burst (this runner knows no requests in flight) above what the
+    burst then leaves: under ``uvicorn --workers 2`` with 64 MiB, a worker stayed at its
+    189 MiB peak for 90 s after two trims in the middle of its burst."""
     min_interval: float | None = None
     """Seconds between two trims at least; None: the pacing policy's default."""
     log: str | None = None
@@ -110,7 +114,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         _validate.seconds("interval", self.interval)
-        _validate.size("slack", self.slack)
+        if self.slack is not None:
+            _validate.size("slack", self.slack)
         if self.min_interval is not None:
             _validate.seconds("min_interval", self.min_interval)
         if self.log is not None:
@@ -121,18 +126,17 @@ class Settings:
 
     def environment(self) -> dict[str, str]:
         """These settings as the variables that give them to a spawned interpreter."""
-        env = {ENV: "1", ENV_INTERVAL: repr(self.interval), ENV_SLACK: str(self.slack)}
+        env = {ENV: "1", ENV_INTERVAL: repr(self.interval)}
+        env[ENV_SLACK] = "" if self.slack is None else str(self.slack)
         env[ENV_MIN_INTERVAL] = "" if self.min_interval is None else repr(self.min_interval)
         env[ENV_LOG] = self.log or ""
         return env
 
     def describe(self) -> str:
-        """One line for logs: ``interval 1 s, slack 64.0 MiB, min interval 1 s``."""
+        """One line for logs: ``interval 1 s, slack the policy's, min interval 1 s``."""
         trimmer_min = "the policy's" if self.min_interval is None else f"{self.min_interval:g} s"
-        return (
-            f"interval {self.interval:g} s, slack {format_bytes(self.slack)},"
-            f" min interval {trimmer_min}"
-        )
+        slack = "the policy's" if self.slack is None else format_bytes(self.slack)
+        return f"interval {self.interval:g} s, slack {slack}, min interval {trimmer_min}"
 
 
 def _seconds_variable(name: str, text: str) -> float:
@@ -168,7 +172,7 @@ def settings_from_environment(environ: Mapping[str, str] | None = None) -> Setti
             " 0, off, false, no or unset to leave it off)"
         )
     interval = DEFAULT_INTERVAL
-    slack = DEFAULT_SLACK
+    slack: int | None = None
     min_interval: float | None = None
     text = environ.get(ENV_INTERVAL, "").strip()
     if text:
