@@ -376,7 +376,7 @@ def main() -> None:
         a for a in sys.argv[1:] if not a.startswith("--write") and a != args.write
     )
     header = [
-        f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+        f"Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; "
         f"Python {platform.python_version()}; {glibc}; allocator {memreclaim.allocator()}; "
         f"{os.cpu_count()} CPUs (shared with other work while this ran).",
         "",

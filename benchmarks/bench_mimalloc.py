@@ -85,7 +85,7 @@ CHILD = textwrap.dedent(
     methods = []
     if SCENARIO == "live" and ABANDON:
         collect = pool.submit(memreclaim._core.collect_thread, abandon=True).result()
-        methods.append(collect["method"])
+        methods.append(collect.method)
     if CALLER == "main":
         released = give_back()
     else:  # a new thread, which has never called malloc itself

@@ -328,7 +328,7 @@ def main() -> None:
                 file=sys.stderr,
             )
 
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = [
         "# Pool reclaim benchmark",
         "",

@@ -415,7 +415,7 @@ def plot_rounds(variants: Sequence[Variant], path: Path) -> bool:
 
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
         "kernel": platform.release(),
         "cpus": os.cpu_count(),

@@ -117,16 +117,26 @@ def test_demo_dicts_is_pinned_by_pymalloc_arenas() -> None:
     assert result["diagnosis"]["pymalloc_retention"] > 0.5 * held
 
 
-def test_demo_buffers_runs_and_peaks_above_baseline() -> None:
-    result = demo_json("--workload", "buffers")  # traced by default: the byte-based rule
+def test_demo_buffers_shows_the_retention_of_seed_004() -> None:
+    result = demo_json("--workload", "buffers")
     p = phases(result)
+    assert result["traced"] is False  # traced, the shape retains nothing: no seed 004 to show
     assert p["peak"]["rss"] - p["baseline"]["rss"] > 20 * MiB
-    assert p["after trim"]["rss"] <= p["after free"]["rss"] + MiB
+    # the adaptive mmap threshold put later buffers on the heap: freed, their pages stay...
+    held = p["after free"]["rss"] - p["baseline"]["rss"]
+    assert held > 20 * MiB
+    # ... until a trim gives most of them back: retention, not a leak
+    assert p["after trim"]["rss"] - p["baseline"]["rss"] < 0.25 * held
+    assert result["verdict"] == "retained"
+    assert result["diagnosis"]["kind"] == "allocator_retention"
+
+
+def test_demo_buffers_traced_on_request() -> None:
+    result = demo_json("--workload", "buffers", "--trace")
+    p = phases(result)
     assert result["traced"] is True
     assert p["after free"]["traced"] - p["baseline"]["traced"] < 2 * MiB  # a few survivors
-    # glibc returns most of it when freed (mmapped buffers): what stays is small, none a leak
     assert result["verdict"] in {"retained", "returned", "clean"}
-    assert result["diagnosis"]["kind"] in {"allocator_retention", "one_time", "clean"}
 
 
 def test_demo_plot_writes_a_real_png(tmp_path: Path) -> None:

@@ -286,7 +286,7 @@ def test_mimalloc_areas_walks_this_threads_heap(run_python: Any) -> None:
         libc.malloc.restype = ctypes.c_void_p
         libc.malloc.argtypes = [ctypes.c_size_t]
         libc.free.argtypes = [ctypes.c_void_p]
-        walk = lambda: _core.mimalloc_areas(64 * 1024, 1_000_000)
+        walk = lambda: memreclaim.asdict(_core.mimalloc_areas(64 * 1024, 1_000_000))
         if memreclaim.allocator_version().split(".")[0] != "2":
             emit(skip=memreclaim.allocator_version())
             raise SystemExit

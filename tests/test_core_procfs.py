@@ -52,7 +52,7 @@ def holder() -> Iterator[subprocess.Popen[str]]:
 
 
 def test_status_of_another_process(holder: subprocess.Popen[str]) -> None:
-    st = _core.process_status(holder.pid)
+    st = memreclaim.asdict(_core.process_status(holder.pid))
     assert st["name"] == Path(f"/proc/{holder.pid}/comm").read_text().strip()
     assert st["threads"] == len(os.listdir(f"/proc/{holder.pid}/task"))
     assert st["rss_anon"] > 60 * MiB
@@ -64,7 +64,7 @@ def test_status_of_another_process(holder: subprocess.Popen[str]) -> None:
 
 
 def test_status_of_self_agrees_with_stats() -> None:
-    st = _core.process_status(os.getpid())
+    st = memreclaim.asdict(_core.process_status(os.getpid()))
     own = memreclaim.stats()
     assert st["name"] == Path("/proc/self/comm").read_text().strip()
     # the same parser reads /proc/self/status for stats(): the slow-moving fields agree
@@ -74,7 +74,7 @@ def test_status_of_self_agrees_with_stats() -> None:
 
 
 def test_rollup_of_another_process(holder: subprocess.Popen[str]) -> None:
-    rollup = _core.process_rollup(holder.pid)
+    rollup = memreclaim.asdict(_core.process_rollup(holder.pid))
     assert set(rollup) == {"pss", "private_dirty", "shared_clean", "anonymous", "anon_huge_pages"}
     assert rollup["anonymous"] > 60 * MiB
     assert rollup["private_dirty"] > 60 * MiB
@@ -109,7 +109,7 @@ def test_a_process_without_memory_has_none_figures() -> None:
     kthreadd = Path("/proc/2/status")
     if not kthreadd.exists() or "kthreadd" not in kthreadd.read_text():
         pytest.skip("no kernel thread visible in this PID namespace")
-    st = _core.process_status(2)
+    st = memreclaim.asdict(_core.process_status(2))
     assert st["name"] == "kthreadd"
     assert st["rss"] is None and st["rss_anon"] is None
 
@@ -138,7 +138,7 @@ def test_unreadable_files_are_permission_errors() -> None:
     code = textwrap.dedent(
         f"""
         from memreclaim import _core
-        print(_core.process_status({os.getpid()})["rss"] > 0)
+        print(_core.process_status({os.getpid()}).rss > 0)
         for reader in (_core.process_rollup, _core.process_heap_mapping):
             try:
                 reader({os.getpid()})
@@ -176,3 +176,32 @@ def test_unreadable_files_are_permission_errors() -> None:
 def test_bad_pid(reader: object, pid: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="pid"):
         reader(pid)  # type: ignore[operator]
+
+
+def test_readers_return_struct_sequences_whose_dicts_keep_the_old_keys() -> None:
+    # process_status/process_rollup returned dicts before 0.3: asdict() gives those keys back.
+    st = _core.process_status(os.getpid())
+    rollup = _core.process_rollup(os.getpid())
+    assert isinstance(st, _core.ProcessStatus) and isinstance(st, tuple)
+    assert isinstance(rollup, _core.ProcessRollup) and isinstance(rollup, tuple)
+    assert list(memreclaim.asdict(st)) == [
+        "name",
+        "threads",
+        "rss",
+        "rss_anon",
+        "rss_file",
+        "rss_shmem",
+        "swap",
+        "peak_rss",
+        "virtual",
+    ]
+    assert list(memreclaim.asdict(rollup)) == [
+        "pss",
+        "private_dirty",
+        "shared_clean",
+        "anonymous",
+        "anon_huge_pages",
+    ]
+    assert st.name == Path("/proc/self/comm").read_text().strip()
+    assert st.threads == len(os.listdir("/proc/self/task"))
+    assert rollup.anonymous is not None and rollup.anonymous > 0

@@ -9,7 +9,7 @@ import pytest
 
 from memreclaim import memlimits
 from memreclaim.memlimits import CgroupDirs, cgroup_dirs, read_counters
-from memreclaim.runners.pressure import find_sources
+from memreclaim.runners.wakeups import find_sources
 
 MOUNTINFO = (
     "22 1 0:21 / /proc rw - proc proc rw\n"

@@ -111,9 +111,10 @@ try:
     second = memreclaim.set_purge_delay(first)
 except memreclaim.UnsupportedAllocatorError as exc:
     unsupported = str(exc)
-collects = [memreclaim._core.collect_thread(), memreclaim._core.collect_thread(abandon=True)]
+collect = lambda **kw: memreclaim.asdict(memreclaim._core.collect_thread(**kw))
+collects = [collect(), collect(abandon=True)]
 box = []
-worker = threading.Thread(target=lambda: box.append(memreclaim._core.collect_thread()))
+worker = threading.Thread(target=lambda: box.append(collect()))
 worker.start(); worker.join()
 bad_flags = []
 for call in (lambda: memreclaim._core.collect_thread(abandon="yes"),
@@ -196,7 +197,7 @@ def build(seed):
 kept = [pool.submit(build, 1).result()]
 methods = []
 for round_ in range(2, 7):
-    methods.append(pool.submit(memreclaim._core.collect_thread, abandon=True).result()["method"])
+    methods.append(pool.submit(memreclaim._core.collect_thread, abandon=True).result().method)
     memreclaim.trim()
     # The worker goes on allocating (a new heap) and frees some of its old blocks.
     kept.append(pool.submit(build, round_).result())

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from memreclaim.policy import AUTO_SLACK_MIN, NEAR_LIMIT_HOLD, NEAR_LIMIT_TICK, PacingPolicy
+from memreclaim.policy import _AUTO_SLACK_MIN as AUTO_SLACK_MIN
+from memreclaim.policy import _NEAR_LIMIT_TICK as NEAR_LIMIT_TICK
+from memreclaim.policy import NEAR_LIMIT_HOLD, PacingPolicy
 
 MiB = 2**20
 DATA = Path(__file__).parent / "data"

@@ -38,6 +38,21 @@ def test_asdict_turns_nested_results_and_copies_dicts() -> None:
     json.dumps(data)
 
 
+def test_collect_thread_returns_a_collect_result_whose_dict_keeps_the_old_keys() -> None:
+    # collect_thread() returned a dict before 0.3; asdict() gives the same keys back.
+    result = memreclaim.collect_thread()
+    assert isinstance(result, memreclaim.CollectResult) and isinstance(result, tuple)
+    data = memreclaim.asdict(result)
+    assert list(data) == ["method", "anon_before", "anon_after", "seconds"]
+    expected = "none" if memreclaim.allocator() in ("glibc", "unknown") else result.method
+    assert result.method == expected and result.method != ""
+    assert result.anon_before is not None and result.anon_before > 0
+    assert result.seconds >= 0
+    json.dumps(data)
+    with pytest.raises(TypeError):
+        memreclaim.collect_thread(abandon="yes")  # type: ignore[arg-type]
+
+
 def test_asdict_of_dataclasses_and_named_tuples() -> None:
     @dataclasses.dataclass(frozen=True)
     class Inner:

@@ -1,4 +1,4 @@
-"""runners._base.DaemonThread: the one daemon-thread lifecycle (start, stop, stop before start,
+"""memreclaim._daemon.DaemonThread: the one daemon-thread lifecycle (start, stop, stop before start,
 restart, a thread that cannot start, a failing setup, stop from the thread itself, fork)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from memreclaim.runners._base import DaemonThread, _at_exit
+from memreclaim._daemon import DaemonThread, _at_exit
 
 Setup = Callable[[threading.Event], tuple[Callable[[], object], Callable[[], None] | None]]
 
@@ -143,3 +143,22 @@ def test_in_a_forked_child_the_thread_is_not_running_and_can_start_again() -> No
         os.waitpid(pid, 0)
     assert worker.running  # the parent's thread is untouched
     assert worker.stop(timeout=30) is True
+
+
+def test_remote_takes_the_lifecycle_from_the_api_layer_not_from_a_runner() -> None:
+    # remote (a face) used runners._base.DaemonThread, a private module of another layer's
+    # package: the lifecycle lives in memreclaim._daemon, below both.
+    import ast
+    from pathlib import Path
+
+    import memreclaim.remote
+
+    tree = ast.parse(Path(memreclaim.remote.__file__).read_text())
+    imported = {
+        (node.level, node.module or "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name == "DaemonThread"
+    }
+    assert imported == {(1, "_daemon")}

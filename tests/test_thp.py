@@ -26,6 +26,17 @@ import memreclaim
 from memreclaim import _core
 
 MiB = 1 << 20
+
+
+def _settings() -> dict[str, Any]:
+    """thp_settings() as the dict it returned before 0.3 (asdict of the ThpSettings)."""
+    return memreclaim.asdict(_core.thp_settings())
+
+
+def _settings_at(directory: str | Path) -> dict[str, Any]:
+    return memreclaim.asdict(_core._thp_settings_at(directory))
+
+
 SYSFS = Path("/sys/kernel/mm/transparent_hugepage")
 
 
@@ -77,7 +88,7 @@ def fake_sysfs(
 
 
 def test_settings_match_the_real_files() -> None:
-    settings = _core.thp_settings()
+    settings = _settings()
     pmd_size = number(SYSFS / "hpage_pmd_size")
     pmd_enabled = (
         bracketed(SYSFS / f"hugepages-{pmd_size // 1024}kB" / "enabled") if pmd_size else None
@@ -92,11 +103,20 @@ def test_settings_match_the_real_files() -> None:
         "max_ptes_none": number(SYSFS / "khugepaged" / "max_ptes_none"),
         "scan_sleep_millisecs": number(SYSFS / "khugepaged" / "scan_sleep_millisecs"),
     }
-    assert settings == _core._thp_settings_at(str(SYSFS))
+    assert settings == _settings_at(str(SYSFS))
+
+
+def test_settings_are_a_struct_sequence(tmp_path: Path) -> None:
+    settings = _core._thp_settings_at(fake_sysfs(tmp_path))
+    assert isinstance(settings, memreclaim.ThpSettings) and isinstance(settings, tuple)
+    assert type(_core.thp_settings()) is memreclaim.ThpSettings
+    assert (settings.mode, settings.pmd_enabled) == ("madvise", "inherit")
+    assert settings.pmd_size == 2 * MiB
+    assert list(memreclaim.asdict(settings)) == list(memreclaim.ThpSettings.__match_args__)
 
 
 def test_settings_synthetic(tmp_path: Path) -> None:
-    assert _core._thp_settings_at(fake_sysfs(tmp_path)) == {
+    assert _settings_at(fake_sysfs(tmp_path)) == {
         "mode": "madvise",
         "enabled": "madvise",
         "pmd_enabled": "inherit",
@@ -119,13 +139,13 @@ def test_settings_synthetic(tmp_path: Path) -> None:
 def test_mode_is_the_one_governing_pmd_pages(
     tmp_path: Path, enabled: str, pmd: str | None, mode: str
 ) -> None:
-    assert _core._thp_settings_at(fake_sysfs(tmp_path, enabled=enabled, pmd=pmd))["mode"] == mode
+    assert _settings_at(fake_sysfs(tmp_path, enabled=enabled, pmd=pmd))["mode"] == mode
 
 
 def test_missing_files_are_none_not_zero(tmp_path: Path) -> None:
     """A kernel without THP has no directory: every figure None, never 0."""
-    assert set(_core._thp_settings_at(tmp_path / "absent").values()) == {None}
-    partial = _core._thp_settings_at(fake_sysfs(tmp_path, max_ptes_none=None, scan_sleep=None))
+    assert set(_settings_at(tmp_path / "absent").values()) == {None}
+    partial = _settings_at(fake_sysfs(tmp_path, max_ptes_none=None, scan_sleep=None))
     assert partial["max_ptes_none"] is None and partial["scan_sleep_millisecs"] is None
     assert partial["mode"] == "madvise"
 
@@ -145,7 +165,7 @@ def test_malformed_file_is_an_oserror_naming_it(
 ) -> None:
     root = fake_sysfs(tmp_path, **kwargs)
     with pytest.raises(OSError) as caught:
-        _core._thp_settings_at(str(root))
+        _settings_at(str(root))
     assert caught.value.errno == errno.EIO
     assert caught.value.filename == f"{root}/{bad_file}"
 
@@ -155,7 +175,7 @@ def test_unreadable_file_says_why(tmp_path: Path) -> None:
     root = fake_sysfs(tmp_path, enabled=None)
     (root / "enabled").mkdir()
     with pytest.raises(IsADirectoryError) as caught:
-        _core._thp_settings_at(root)
+        _settings_at(root)
     assert caught.value.filename == f"{root}/enabled"
 
 
@@ -165,7 +185,7 @@ def test_settings_bad_arguments() -> None:
     with pytest.raises(TypeError):
         _core._thp_settings_at(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        _core._thp_settings_at("a\0b")
+        _settings_at("a\0b")
 
 
 # ---- stats() and TrimResult ---------------------------------------------------------------------
@@ -183,7 +203,7 @@ def test_stats_reports_mode_and_anon_huge_pages() -> None:
     before = rollup_huge()
     st = memreclaim.stats(heap=True)
     after = rollup_huge()
-    assert st.thp_mode == _core.thp_settings()["mode"]
+    assert st.thp_mode == _settings()["mode"]
     if st.thp_mode is None:
         assert st.anon_huge_pages is None
     else:
@@ -196,7 +216,7 @@ def test_stats_reports_mode_and_anon_huge_pages() -> None:
 def test_trim_reports_what_it_did_for_the_mode() -> None:
     result = memreclaim.trim()
     assert tuple(result)[13:] == (result.thp_mode, result.thp_marked, result.thp_reason)
-    assert result.thp_mode == _core.thp_settings()["mode"]
+    assert result.thp_mode == _settings()["mode"]
     if result.thp_mode == "always":
         assert result.thp_marked is not None and result.thp_marked > 0
     else:
@@ -330,8 +350,8 @@ ready.wait()
 kept = workloads.spike()
 trimmed = memreclaim.trim()
 before = vmflags()
-chosen = _core._thp_heap_ranges("/proc/self/maps", _core.thp_settings()["pmd_size"] or 2 << 20)
-marked = _core._thp_mark_heap()
+chosen = _core._thp_heap_ranges("/proc/self/maps", _core.thp_settings().pmd_size or 2 << 20)
+marked = memreclaim.asdict(_core._thp_mark_heap())
 after = vmflags()
 # The worker's stack pointer, while it waits in a futex: /proc/self/task/TID/syscall.
 sp, deadline = None, time.monotonic() + 60
@@ -541,7 +561,7 @@ def test_no_thp_in_the_kernel_is_none(tmp_path: Path) -> None:
         r = memreclaim.trim()
         s = memreclaim.stats()
         emit(trim=[r.thp_mode, r.thp_marked, r.thp_reason], stats=[s.thp_mode, s.anon_huge_pages],
-             settings=_core.thp_settings())
+             settings=memreclaim.asdict(_core.thp_settings()))
         """,
     )
     assert out["trim"] == [None, 0, None]  # nothing to mark: no THP

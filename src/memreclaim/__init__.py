@@ -17,8 +17,10 @@ from __future__ import annotations
 from . import _core, _libraries
 from ._core import (
     MMAP_THRESHOLD_MAX,
+    CollectResult,
     HeapStats,
     MemoryStats,
+    ThpSettings,
     TrimResult,
     TrimTotals,
     UnsupportedAllocatorError,
@@ -42,10 +44,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ._limits import Limits, limits
     from ._process import ProcessMemory, inspect
     from .diagnosis import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
     from .glibc import ArenaInfo, arenas, set_arena_max
+    from .memlimits import Limits, limits
+    from .policy import PacingPolicy
     from .pools import (
         PoolReclaimStatus,
         PoolReclaimUnavailable,
@@ -54,8 +57,8 @@ if TYPE_CHECKING:
         pool_reclaim_status,
     )
     from .remote import install_signal_handler
+    from .runners import BackgroundTrimmer, Counters, TrimEvent, Watchdog
     from .units import format_bytes, parse_bytes
-    from .watchdog import BackgroundTrimmer, Counters, PacingPolicy, TrimEvent, Watchdog
 
 # Policy-layer names and the module each comes from, imported on first use: `import memreclaim`
 # plus trim()/stats()/rss() cost under 1 MiB of RSS (tests/test_import_cost.py).
@@ -76,10 +79,9 @@ _LAZY_EXPORTS = {
         ("AllocationSite", "Report", "Snapshot", "ameasure", "diagnose", "measure", "snapshot"),
         "diagnosis",
     ),
-    **dict.fromkeys(
-        ("BackgroundTrimmer", "Counters", "PacingPolicy", "TrimEvent", "Watchdog"), "watchdog"
-    ),
-    **dict.fromkeys(("Limits", "limits"), "_limits"),
+    **dict.fromkeys(("BackgroundTrimmer", "Counters", "TrimEvent", "Watchdog"), "runners"),
+    "PacingPolicy": "policy",
+    **dict.fromkeys(("Limits", "limits"), "memlimits"),
     **dict.fromkeys(("ProcessMemory", "inspect"), "_process"),
     "install_signal_handler": "remote",
 }
@@ -111,6 +113,7 @@ __all__ = [
     "AllocationSite",
     "ArenaInfo",
     "BackgroundTrimmer",
+    "CollectResult",
     "Counters",
     "HeapStats",
     "Limits",
@@ -121,6 +124,7 @@ __all__ = [
     "ProcessMemory",
     "Report",
     "Snapshot",
+    "ThpSettings",
     "TrimEvent",
     "TrimResult",
     "TrimTotals",
@@ -243,13 +247,13 @@ def asdict(result: object) -> dict[str, Any]:
     """A result as a plain dict, for JSON: every field by name, in the result's field order.
 
     The one dict form of every result type: the C core's struct sequences (:class:`TrimResult`,
-    :class:`MemoryStats`, :class:`HeapStats`), the frozen dataclasses of the Python layers
-    (:class:`ProcessMemory`, :class:`Limits`, :class:`Counters`, :class:`TrimEvent`, ...) and
-    named tuples. Results nested in fields (``MemoryStats.heap``) become dicts the same way;
-    mappings (``parts``, ``figures``, ``libraries``, read-only mapping proxies) become new dicts;
-    tuples and lists become lists; other values are kept as they are. The command line's
-    ``--json`` output and the answers of ``trim --pid`` / ``stats --pid`` are built with it, so
-    their keys are the fields' names.
+    :class:`MemoryStats`, :class:`HeapStats`, :class:`CollectResult`, ...), the frozen dataclasses
+    of the Python layers (:class:`ProcessMemory`, :class:`Limits`, :class:`Counters`,
+    :class:`TrimEvent`, ...) and named tuples. Results nested in fields (``MemoryStats.heap``)
+    become dicts the same way; mappings (``parts``, ``figures``, ``libraries``, read-only mapping
+    proxies) become new dicts; tuples and lists become lists; other values are kept as they are. The
+    command line's ``--json`` output and the answers of ``trim --pid`` / ``stats --pid`` are built
+    with it, so their keys are the fields' names.
 
     Raises:
         TypeError: ``result`` is not a result (a class, a plain tuple, a dict, ...).

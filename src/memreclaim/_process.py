@@ -75,11 +75,13 @@ def inspect(pid: int) -> ProcessMemory:
         OSError: its ``/proc/PID/status`` cannot be read (e.g. PermissionError under a
             hardened ``hidepid`` mount).
     """
-    figures: dict[str, object] = dict(_core.process_status(pid))
+    from . import asdict  # the package is imported by then (this module loads on first use)
+
+    figures: dict[str, object] = asdict(_core.process_status(pid))
     figures.update(dict.fromkeys(_ROLLUP_KEYS))
     notes: list[str] = []
     try:
-        figures.update(_core.process_rollup(pid))
+        figures.update(asdict(_core.process_rollup(pid)))
     except ProcessLookupError:
         raise
     except OSError as exc:

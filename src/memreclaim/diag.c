@@ -308,22 +308,15 @@ static int read_anon_mappings(const char *path, mr_mappings *maps)
     return err;
 }
 
+static PyObject *mapping_item(const void *items, size_t i)
+{
+    const mr_mapping *map = (const mr_mapping *)items + i;
+    return Py_BuildValue("(KKK)", map->start, map->end, map->rss);
+}
+
 static PyObject *mappings_tuple(const mr_mappings *maps)
 {
-    PyObject *result = PyTuple_New((Py_ssize_t)maps->count);
-    if (result == NULL) {
-        return NULL;
-    }
-    for (size_t i = 0; i < maps->count; i++) {
-        PyObject *item =
-            Py_BuildValue("(KKK)", maps->items[i].start, maps->items[i].end, maps->items[i].rss);
-        if (item == NULL) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(result, (Py_ssize_t)i, item);
-    }
-    return result;
+    return mr_tuple_of(maps->items, maps->count, mapping_item);
 }
 
 PyDoc_STRVAR(diag_anon_mappings_doc,

@@ -271,19 +271,16 @@ static void totals_add(int64_t released, double seconds)
     (void)pthread_mutex_unlock(&totals_lock);
 }
 
+static PyObject *bound_item(const void *bounds, size_t i)
+{
+    return PyFloat_FromDouble(((const double *)bounds)[i]);
+}
+
 int mr_totals_add_constants(PyObject *module)
 {
-    PyObject *bounds = PyTuple_New((Py_ssize_t)MR_NBOUNDS);
+    PyObject *bounds = mr_tuple_of(seconds_bounds, MR_NBOUNDS, bound_item);
     if (bounds == NULL) {
         return -1;
-    }
-    for (size_t i = 0; i < MR_NBOUNDS; i++) {
-        PyObject *bound = PyFloat_FromDouble(seconds_bounds[i]);
-        if (bound == NULL) {
-            Py_DECREF(bounds);
-            return -1;
-        }
-        PyTuple_SET_ITEM(bounds, (Py_ssize_t)i, bound);
     }
     if (PyModule_AddObject(module, "SECONDS_BUCKETS", bounds) < 0) {
         Py_DECREF(bounds);
@@ -302,42 +299,23 @@ PyDoc_STRVAR(totals_doc,
 
 static PyObject *core_totals(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *result = PyStructSequence_New(mr_state(module)->trim_totals_type), *item;
-    PyObject *buckets = PyTuple_New((Py_ssize_t)MR_NBOUNDS + 1);
-    long long copy[MR_NBOUNDS + 1], counts[3];
+    PyObject *result;
+    int64_t counts[3], buckets[MR_NBOUNDS + 1];
     double seconds;
 
-    if (result == NULL || buckets == NULL) {
-        Py_XDECREF(result);
-        Py_XDECREF(buckets);
-        return NULL;
-    }
     (void)pthread_mutex_lock(&totals_lock);
     counts[0] = account.trims;
     counts[1] = account.unproductive;
     counts[2] = account.released;
     seconds = account.seconds;
-    memcpy(copy, account.buckets, sizeof(copy));
-    (void)pthread_mutex_unlock(&totals_lock);
-    PyStructSequence_SetItem(result, 4, buckets); /* filled below: the result owns it */
-    for (Py_ssize_t i = 0; i < 3; i++) {
-        if ((item = PyLong_FromLongLong(counts[i])) == NULL) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        PyStructSequence_SetItem(result, i, item);
-    }
-    if ((item = PyFloat_FromDouble(seconds)) == NULL) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    PyStructSequence_SetItem(result, 3, item);
     for (size_t i = 0; i <= MR_NBOUNDS; i++) {
-        if ((item = PyLong_FromLongLong(copy[i])) == NULL) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(buckets, (Py_ssize_t)i, item);
+        buckets[i] = account.buckets[i];
+    }
+    (void)pthread_mutex_unlock(&totals_lock);
+    result = mr_new_result_ints(module, MR_TRIM_TOTALS, 0, counts, 3);
+    if (result == NULL || mr_result_put(result, 3, PyFloat_FromDouble(seconds)) < 0 ||
+        mr_result_put(result, 4, mr_tuple_of_ints(buckets, MR_NBOUNDS + 1)) < 0) {
+        return NULL;
     }
     return result;
 }
@@ -496,7 +474,7 @@ static int set_measured(PyObject *result, const trim_run *run)
 static PyObject *trim_result(trim_run *run)
 {
     mr_core_state *state = run->state;
-    PyObject *result = PyStructSequence_New(state->trim_result_type), *item;
+    PyObject *result = PyStructSequence_New(state->types[MR_TRIM_RESULT]), *item;
     int64_t pool_figures[2] = {run->pools.pools_released, run->pools.bytes_released};
 
     if (result == NULL || set_measured(result, run) < 0 ||
@@ -626,7 +604,7 @@ static PyObject *build_heap_stats(mr_core_state *state)
         }
         Py_DECREF(value);
     }
-    result = PyStructSequence_New(state->heap_stats_type);
+    result = PyStructSequence_New(state->types[MR_HEAP_STATS]);
     if (result == NULL) {
         Py_DECREF(figures);
         return NULL;
@@ -803,7 +781,7 @@ static PyObject *core_stats(PyObject *module, PyObject *args, PyObject *kwargs)
         thp_stats(&thp_mode, &huge, with_heap) < 0) {
         goto error;
     }
-    result = PyStructSequence_New(state->memory_stats_type);
+    result = PyStructSequence_New(state->types[MR_MEMORY_STATS]);
     if (result == NULL) {
         goto error;
     }

@@ -45,10 +45,10 @@ static PyObject *raise_pid_error(int err, int pid, const char *name)
 }
 
 PyDoc_STRVAR(process_status_doc,
-             "process_status(pid, /) -> dict\n\n"
-             "Process pid's figures from /proc/PID/status: 'name', 'threads', and in bytes 'rss',\n"
-             "'rss_anon', 'rss_file', 'rss_shmem', 'swap', 'peak_rss' (VmHWM), 'virtual'\n"
-             "(VmSize); None where the kernel does not report one. The file is readable by\n"
+             "process_status(pid, /) -> ProcessStatus\n\n"
+             "Process pid's figures from /proc/PID/status: name, threads, and in bytes rss,\n"
+             "rss_anon, rss_file, rss_shmem, swap, peak_rss (VmHWM), virtual (VmSize); None\n"
+             "where the kernel does not report one. The file is readable by\n"
              "anyone. Raises ProcessLookupError (ESRCH) when there is no such process,\n"
              "PermissionError when the file is not readable, other OSErrors with their errno;\n"
              "TypeError/ValueError for a pid that is not a positive int.");
@@ -56,9 +56,8 @@ PyDoc_STRVAR(process_status_doc,
 static PyObject *core_process_status(PyObject *module, PyObject *arg)
 {
     mr_status status;
-    PyObject *result, *name;
+    PyObject *result;
     int pid, err;
-    (void)module;
 
     if (parse_pid(arg, &pid) < 0) {
         return NULL;
@@ -69,30 +68,22 @@ static PyObject *core_process_status(PyObject *module, PyObject *arg)
     if (err != 0) {
         return raise_pid_error(err, pid, "status");
     }
-    const mr_named_int figures[] = {
-        {"threads", status.threads},     {"rss", status.rss},
-        {"rss_anon", status.rss_anon},   {"rss_file", status.rss_file},
-        {"rss_shmem", status.rss_shmem}, {"swap", status.swap},
-        {"peak_rss", status.peak_rss},   {"virtual", status.virtual_size}};
-    result = PyDict_New();
-    if (result == NULL) {
+    const int64_t figures[] = {status.threads,   status.rss,  status.rss_anon, status.rss_file,
+                               status.rss_shmem, status.swap, status.peak_rss, status.virtual_size};
+    result = mr_new_result_ints(module, MR_PROCESS_STATUS, 1, figures, 8);
+    if (result == NULL ||
+        mr_result_put(
+            result, 0,
+            PyUnicode_DecodeUTF8(status.name, (Py_ssize_t)strlen(status.name), "replace")) < 0) {
         return NULL;
     }
-    name = PyUnicode_DecodeUTF8(status.name, (Py_ssize_t)strlen(status.name), "replace");
-    if (name == NULL || PyDict_SetItemString(result, "name", name) < 0 ||
-        mr_dict_set_ints(result, figures, sizeof(figures) / sizeof(figures[0])) < 0) {
-        Py_XDECREF(name);
-        Py_DECREF(result);
-        return NULL;
-    }
-    Py_DECREF(name);
     return result;
 }
 
 PyDoc_STRVAR(process_rollup_doc,
-             "process_rollup(pid, /) -> dict\n\n"
-             "Process pid's /proc/PID/smaps_rollup, in bytes: 'pss', 'private_dirty',\n"
-             "'shared_clean', 'anonymous', 'anon_huge_pages' (None where absent). Needs ptrace\n"
+             "process_rollup(pid, /) -> ProcessRollup\n\n"
+             "Process pid's /proc/PID/smaps_rollup, in bytes: pss, private_dirty,\n"
+             "shared_clean, anonymous, anon_huge_pages (None where absent). Needs ptrace\n"
              "access to the process (its user, or CAP_SYS_PTRACE): PermissionError otherwise;\n"
              "ProcessLookupError when there is no such process; FileNotFoundError on kernels\n"
              "before 4.14 (no smaps_rollup).");
@@ -101,7 +92,6 @@ static PyObject *core_process_rollup(PyObject *module, PyObject *arg)
 {
     mr_rollup rollup;
     int pid, err;
-    (void)module;
 
     if (parse_pid(arg, &pid) < 0) {
         return NULL;
@@ -112,12 +102,9 @@ static PyObject *core_process_rollup(PyObject *module, PyObject *arg)
     if (err != 0) {
         return raise_pid_error(err, pid, "smaps_rollup");
     }
-    const mr_named_int figures[] = {{"pss", rollup.pss},
-                                    {"private_dirty", rollup.private_dirty},
-                                    {"shared_clean", rollup.shared_clean},
-                                    {"anonymous", rollup.anonymous},
-                                    {"anon_huge_pages", rollup.anon_huge_pages}};
-    return mr_dict_of_ints(figures, sizeof(figures) / sizeof(figures[0]));
+    const int64_t figures[] = {rollup.pss, rollup.private_dirty, rollup.shared_clean,
+                               rollup.anonymous, rollup.anon_huge_pages};
+    return mr_new_result_ints(module, MR_PROCESS_ROLLUP, 0, figures, 5);
 }
 
 PyDoc_STRVAR(process_heap_mapping_doc,
@@ -148,11 +135,11 @@ static PyObject *core_process_heap_mapping(PyObject *module, PyObject *arg)
 #define MR_MI_MAX_ADDRESSES 4096
 
 PyDoc_STRVAR(mimalloc_areas_doc,
-             "mimalloc_areas(small_max, max_areas, /) -> dict\n\n"
+             "mimalloc_areas(small_max, max_areas, /) -> MimallocAreas\n\n"
              "The calling thread's mimalloc heap, page by page (mi_heap_visit_blocks, walked in\n"
-             "C with the GIL released): 'small' and 'large' in-use bytes (pages of blocks up to\n"
-             "small_max bytes are small), 'committed' bytes, 'areas' (pages visited) and\n"
-             "'addresses' (start of the first 4096 pages). Raises UnsupportedAllocatorError when\n"
+             "C with the GIL released): small and large in-use bytes (pages of blocks up to\n"
+             "small_max bytes are small), committed bytes, areas (pages visited) and\n"
+             "addresses (start of the first 4096 pages). Raises UnsupportedAllocatorError when\n"
              "the allocator is not mimalloc or does not export the walk, OSError (EOVERFLOW)\n"
              "when the walk passes max_areas pages, TypeError/ValueError/OverflowError for\n"
              "arguments that are not non-negative ints / positive ints.");
@@ -187,31 +174,17 @@ static int parse_areas_args(PyObject *const *args, Py_ssize_t nargs, size_t *sma
     return 0;
 }
 
-/* The dict mimalloc_areas() returns for a finished walk. */
-static PyObject *areas_dict(const mr_mi_areas *walk)
+/* What mimalloc_areas() returns for a finished walk. */
+static PyObject *areas_result(PyObject *module, const mr_mi_areas *walk)
 {
-    const mr_named_int figures[] = {{"small", (int64_t)walk->small_used},
-                                    {"large", (int64_t)walk->large_used},
-                                    {"committed", (int64_t)walk->committed},
-                                    {"areas", (int64_t)walk->areas}};
-    PyObject *result, *addresses = PyTuple_New((Py_ssize_t)walk->naddresses);
+    const int64_t figures[] = {(int64_t)walk->small_used, (int64_t)walk->large_used,
+                               (int64_t)walk->committed, (int64_t)walk->areas};
+    PyObject *result = mr_new_result_ints(module, MR_MIMALLOC_AREAS, 0, figures, 4);
 
-    if (addresses == NULL) {
+    if (result == NULL ||
+        mr_result_put(result, 4, mr_tuple_of_addresses(walk->addresses, walk->naddresses)) < 0) {
         return NULL;
     }
-    for (size_t i = 0; i < walk->naddresses; i++) {
-        PyObject *item = PyLong_FromSize_t(walk->addresses[i]);
-        if (item == NULL) {
-            Py_DECREF(addresses);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(addresses, (Py_ssize_t)i, item);
-    }
-    result = mr_dict_of_ints(figures, sizeof(figures) / sizeof(figures[0]));
-    if (result != NULL && PyDict_SetItemString(result, "addresses", addresses) < 0) {
-        Py_CLEAR(result);
-    }
-    Py_DECREF(addresses);
     return result;
 }
 
@@ -244,7 +217,7 @@ static PyObject *core_mimalloc_areas(PyObject *module, PyObject *const *args, Py
         errno = err;
         result = PyErr_SetFromErrno(PyExc_OSError);
     } else {
-        result = areas_dict(&walk);
+        result = areas_result(module, &walk);
     }
     PyMem_RawFree(walk.addresses);
     return result;
@@ -252,8 +225,8 @@ static PyObject *core_mimalloc_areas(PyObject *module, PyObject *const *args, Py
 
 /* ---- transparent huge pages: settings, heap marking ------------------------------------------ */
 
-/* The settings under dir (NULL: the system's) as a dict; OSError naming the file. */
-static PyObject *thp_settings_dict(const char *dir)
+/* The settings under dir (NULL: the system's) as a ThpSettings; OSError naming the file. */
+static PyObject *thp_settings_result(PyObject *module, const char *dir)
 {
     mr_thp_settings settings;
     char failed[MR_THP_PATH_MAX];
@@ -267,47 +240,46 @@ static PyObject *thp_settings_dict(const char *dir)
         errno = err;
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, failed);
     }
-    result = PyDict_New();
-    if (result == NULL ||
-        mr_dict_set_str(result, "mode", mr_thp_mode_name(mr_thp_settings_mode(&settings))) < 0 ||
-        mr_dict_set_str(result, "enabled", settings.enabled) < 0 ||
-        mr_dict_set_str(result, "pmd_enabled", settings.pmd_enabled) < 0 ||
-        mr_dict_set_str(result, "defrag", settings.defrag) < 0 ||
-        mr_dict_set_int(result, "pmd_size", settings.pmd_size) < 0 ||
-        mr_dict_set_int(result, "max_ptes_none", settings.max_ptes_none) < 0 ||
-        mr_dict_set_int(result, "scan_sleep_millisecs", settings.scan_sleep_millisecs) < 0) {
-        Py_XDECREF(result);
-        return NULL;
+    const char *words[] = {mr_thp_mode_name(mr_thp_settings_mode(&settings)), settings.enabled,
+                           settings.pmd_enabled, settings.defrag};
+    const int64_t numbers[] = {settings.pmd_size, settings.max_ptes_none,
+                               settings.scan_sleep_millisecs};
+    result = mr_new_result_ints(module, MR_THP_SETTINGS, 4, numbers, 3);
+    for (Py_ssize_t i = 0; result != NULL && i < 4; i++) {
+        const char *word = words[i] != NULL && words[i][0] != '\0' ? words[i] : NULL;
+        if (mr_result_put(result, i, mr_str_or_none(word)) < 0) {
+            return NULL;
+        }
     }
     return result;
 }
 
 PyDoc_STRVAR(thp_settings_doc,
-             "thp_settings() -> dict\n\n"
+             "thp_settings() -> ThpSettings\n\n"
              "The transparent-huge-page settings under /sys/kernel/mm/transparent_hugepage:\n"
-             "'enabled' and 'defrag' (the bracketed words), 'pmd_enabled' (the word of\n"
-             "hugepages-2048kB/enabled on kernels with per-size settings, 6.8+), 'mode' (the one\n"
-             "governing 2 MiB pages: pmd_enabled unless it is 'inherit', else enabled),\n"
-             "'pmd_size' (bytes), and khugepaged's 'max_ptes_none' and 'scan_sleep_millisecs'.\n"
+             "mode (the one governing 2 MiB pages: pmd_enabled unless it is 'inherit', else\n"
+             "enabled), enabled and defrag (the bracketed words), pmd_enabled (the word of\n"
+             "hugepages-2048kB/enabled on kernels with per-size settings, 6.8+), pmd_size\n"
+             "(bytes), and khugepaged's max_ptes_none and scan_sleep_millisecs.\n"
              "None where the kernel has no such file (all of them without THP). Raises OSError\n"
              "naming the file when one exists but cannot be read or is not what it should be.");
 
-static PyObject *core_thp_settings(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+static PyObject *core_thp_settings(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return thp_settings_dict(NULL);
+    return thp_settings_result(module, NULL);
 }
 
-PyDoc_STRVAR(thp_settings_at_doc, "_thp_settings_at(directory, /) -> dict\n\n"
+PyDoc_STRVAR(thp_settings_at_doc, "_thp_settings_at(directory, /) -> ThpSettings\n\n"
                                   "thp_settings() read from another directory laid out like\n"
                                   "/sys/kernel/mm/transparent_hugepage (for the tests).");
 
-static PyObject *core_thp_settings_at(PyObject *Py_UNUSED(module), PyObject *arg)
+static PyObject *core_thp_settings_at(PyObject *module, PyObject *arg)
 {
     PyObject *path = NULL, *result;
     if (!PyUnicode_FSConverter(arg, &path)) {
         return NULL;
     }
-    result = thp_settings_dict(PyBytes_AS_STRING(path));
+    result = thp_settings_result(module, PyBytes_AS_STRING(path));
     Py_DECREF(path);
     return result;
 }
@@ -368,12 +340,12 @@ static PyObject *core_thp_heap_ranges(PyObject *Py_UNUSED(module), PyObject *con
 }
 
 PyDoc_STRVAR(thp_mark_heap_doc,
-             "_thp_mark_heap() -> dict\n\n"
+             "_thp_mark_heap() -> ThpMarked\n\n"
              "Mark the allocators' heap mappings MADV_NOHUGEPAGE now, whatever the THP mode\n"
              "(what trim() does after the allocator's trim under THP 'always'; for the tests):\n"
-             "'ranges' and 'bytes' marked, 'skipped' (unmapped meanwhile). OSError on failure.");
+             "ranges and bytes marked, skipped (unmapped meanwhile). OSError on failure.");
 
-static PyObject *core_thp_mark_heap(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+static PyObject *core_thp_mark_heap(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     mr_thp_marked marked = {0, 0, 0};
     int err;
@@ -385,9 +357,8 @@ static PyObject *core_thp_mark_heap(PyObject *Py_UNUSED(module), PyObject *Py_UN
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    const mr_named_int figures[] = {
-        {"ranges", marked.ranges}, {"bytes", marked.bytes}, {"skipped", marked.skipped}};
-    return mr_dict_of_ints(figures, sizeof(figures) / sizeof(figures[0]));
+    const int64_t figures[] = {marked.ranges, marked.bytes, marked.skipped};
+    return mr_new_result_ints(module, MR_THP_MARKED, 0, figures, 3);
 }
 
 /* ---- method table ---------------------------------------------------------------------------- */

@@ -10,29 +10,58 @@
 
 /* ---- glibc knobs ----------------------------------------------------------------------------- */
 
-static PyObject *set_mallopt(PyObject *module, PyObject *value, const char *function,
-                             const char *name, int param, long long min, long long max)
+/* One glibc mallopt knob: the Python function, its argument's name, the mallopt parameter and
+ * the accepted range. */
+typedef struct {
+    const char *function;
+    const char *name;
+    int param;
+    long long min, max;
+} mallopt_knob;
+
+static const mallopt_knob mmap_threshold_knob = {"pin_mmap_threshold", "nbytes",
+                                                 MR_M_MMAP_THRESHOLD, 1, MR_MMAP_THRESHOLD_MAX};
+static const mallopt_knob trim_threshold_knob = {"set_trim_threshold", "nbytes",
+                                                 MR_M_TRIM_THRESHOLD, 0, INT32_MAX};
+static const mallopt_knob arena_max_knob = {"set_arena_max", "n", MR_M_ARENA_MAX, 1, INT32_MAX};
+
+static PyObject *set_mallopt(PyObject *module, PyObject *value, const mallopt_knob *knob)
 {
     mr_core_state *state = mr_state(module);
     long long v;
     int err;
     /* Check the argument first, so a bad value raises the same error on every allocator. */
-    if (mr_parse_bounded_int(value, name, min, max, &v) < 0) {
+    if (mr_parse_bounded_int(value, knob->name, knob->min, knob->max, &v) < 0) {
         return NULL;
     }
     if (state->backend->kind != MR_ALLOC_GLIBC) {
-        return mr_raise_unsupported(state, function);
+        return mr_raise_unsupported(state, knob->function);
     }
     /* GIL kept: mallopt takes the main arena's lock for a few instructions. */
-    err = mr_glibc_mallopt(param, (int)v);
+    err = mr_glibc_mallopt(knob->param, (int)v);
     if (err == ENOTSUP) {
-        return mr_raise_missing(state, function, "mallopt");
+        return mr_raise_missing(state, knob->function, "mallopt");
     }
     if (err != 0) {
-        PyErr_Format(PyExc_ValueError, "glibc refused %s=%lld", name, v);
+        PyErr_Format(PyExc_ValueError, "glibc refused %s=%lld", knob->name, v);
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *core_pin_mmap_threshold(PyObject *module, PyObject *value)
+{
+    return set_mallopt(module, value, &mmap_threshold_knob);
+}
+
+static PyObject *core_set_trim_threshold(PyObject *module, PyObject *value)
+{
+    return set_mallopt(module, value, &trim_threshold_knob);
+}
+
+static PyObject *core_set_arena_max(PyObject *module, PyObject *value)
+{
+    return set_mallopt(module, value, &arena_max_knob);
 }
 
 PyDoc_STRVAR(pin_mmap_threshold_doc,
@@ -42,23 +71,11 @@ PyDoc_STRVAR(pin_mmap_threshold_doc,
              "which otherwise rises to the size of every large block freed (up to 32 MiB).\n"
              "nbytes: 1 to 33554432 (32 MiB) on 64-bit. glibc only.");
 
-static PyObject *core_pin_mmap_threshold(PyObject *module, PyObject *value)
-{
-    return set_mallopt(module, value, "pin_mmap_threshold", "nbytes", MR_M_MMAP_THRESHOLD, 1,
-                       MR_MMAP_THRESHOLD_MAX);
-}
-
 PyDoc_STRVAR(set_trim_threshold_doc,
              "set_trim_threshold(nbytes) -> None\n\n"
              "mallopt(M_TRIM_THRESHOLD, nbytes): free memory at the top of the main heap above\n"
              "nbytes is given back by free() itself. It governs only the top of the heap, not\n"
              "holes in the middle (trim() handles those). nbytes: 0 to 2147483647. glibc only.");
-
-static PyObject *core_set_trim_threshold(PyObject *module, PyObject *value)
-{
-    return set_mallopt(module, value, "set_trim_threshold", "nbytes", MR_M_TRIM_THRESHOLD, 0,
-                       INT32_MAX);
-}
 
 PyDoc_STRVAR(set_arena_max_doc,
              "set_arena_max(n) -> None\n\n"
@@ -66,11 +83,6 @@ PyDoc_STRVAR(set_arena_max_doc,
              "fixes its limit the first time a thread needs a new arena past the first eight\n"
              "(or past a limit already set), and never frees arenas: call it at start-up.\n"
              "n: 1 to 2147483647. glibc only. (memreclaim.set_arena_max warns when it is late.)");
-
-static PyObject *core_set_arena_max(PyObject *module, PyObject *value)
-{
-    return set_mallopt(module, value, "set_arena_max", "n", MR_M_ARENA_MAX, 1, INT32_MAX);
-}
 
 PyDoc_STRVAR(malloc_info_doc,
              "malloc_info() -> str\n\n"
@@ -173,7 +185,7 @@ static PyObject *core_set_purge_delay(PyObject *module, PyObject *value)
 }
 
 PyDoc_STRVAR(collect_thread_doc,
-             "collect_thread(*, abandon=False) -> dict\n\n"
+             "collect_thread(*, abandon=False) -> CollectResult\n\n"
              "The calling thread's share of giving memory back, for what only the owning thread\n"
              "can do (run it in each worker: trim() from one thread does not reach another live\n"
              "thread's heap or cache). mimalloc: mi_collect(true) with the purge delay at 0 for\n"
@@ -183,15 +195,16 @@ PyDoc_STRVAR(collect_thread_doc,
              "thread would be deleted) and the next trim() from any thread gives back its free\n"
              "pages. jemalloc: mallctl thread.idle (else thread.tcache.flush). tcmalloc:\n"
              "MallocExtension_MarkThreadIdle. glibc: nothing (malloc_trim reaches every arena).\n"
-             "The GIL is released during the call. Returns {'method': what was called ('none'),\n"
-             "'anon_before', 'anon_after': anonymous resident bytes around it (None if\n"
-             "unreadable), 'seconds': the call's time}. TypeError when abandon is not a bool.");
+             "The GIL is released during the call. Returns a CollectResult: method (what was\n"
+             "called, 'none' for nothing), anon_before and anon_after (anonymous resident bytes\n"
+             "around it, None if unreadable), seconds (the call's time). TypeError when abandon\n"
+             "is not a bool.");
 
 static PyObject *core_collect_thread(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"abandon", NULL};
     mr_core_state *state = mr_state(module);
-    PyObject *abandon_arg = NULL, *result, *item;
+    PyObject *abandon_arg = NULL, *result;
     mr_rss_sample before, after;
     int abandon, before_err, after_err;
     const char *method = "none";
@@ -209,29 +222,12 @@ static PyObject *core_collect_thread(PyObject *module, PyObject *args, PyObject 
     Py_END_ALLOW_THREADS
     after_err = mr_statm_read(&state->statm, &after);
 
-    result = PyDict_New();
-    if (result == NULL) {
+    const int64_t anon[] = {before_err == 0 ? before.anon : -1, after_err == 0 ? after.anon : -1};
+    result = mr_new_result_ints(module, MR_COLLECT_RESULT, 1, anon, 2);
+    if (result == NULL || mr_result_put(result, 0, PyUnicode_FromString(method)) < 0 ||
+        mr_result_put(result, 3, PyFloat_FromDouble(seconds)) < 0) {
         return NULL;
     }
-    item = PyUnicode_FromString(method);
-    if (item == NULL || PyDict_SetItemString(result, "method", item) < 0) {
-        Py_XDECREF(item);
-        Py_DECREF(result);
-        return NULL;
-    }
-    Py_DECREF(item);
-    if (mr_dict_set_int(result, "anon_before", before_err == 0 ? before.anon : -1) < 0 ||
-        mr_dict_set_int(result, "anon_after", after_err == 0 ? after.anon : -1) < 0) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    item = PyFloat_FromDouble(seconds);
-    if (item == NULL || PyDict_SetItemString(result, "seconds", item) < 0) {
-        Py_XDECREF(item);
-        Py_DECREF(result);
-        return NULL;
-    }
-    Py_DECREF(item);
     return result;
 }
 

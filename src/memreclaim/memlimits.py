@@ -227,6 +227,38 @@ def cgroup_dirs(root: str = "/") -> CgroupDirs:
     return CgroupDirs(v2=tuple(v2), v1=tuple(v1), notes=tuple(notes))
 
 
+# Each hierarchy's files: the hard limit, the soft one (v2 memory.high, v1's soft limit), the
+# swap limit and the usage.
+_FILES = {
+    "cgroup2": ("memory.max", "memory.high", "memory.swap.max", "memory.current"),
+    "cgroup1": (
+        "memory.limit_in_bytes",
+        "memory.soft_limit_in_bytes",
+        "memory.memsw.limit_in_bytes",
+        "memory.usage_in_bytes",
+    ),
+}
+
+
+def _limits_of(source: str, dirs: tuple[str, ...], events: dict[str, int]) -> Limits:
+    """The Limits of the cgroup ``dirs[0]`` (its ancestors after it) in hierarchy ``source``."""
+    limit_file, high_file, swap_file, current_file = _FILES[source]
+    own = dirs[0]
+    limit, where = _tightest(dirs, limit_file)
+    high, high_where = _tightest(dirs, high_file)
+    swap, _ = _tightest(dirs, swap_file)
+    return Limits(
+        source=source,
+        limit=limit,
+        high=high,
+        current=_bytes(_read(os.path.join(own, current_file))),
+        swap_limit=swap,
+        path=where or high_where or own,
+        cgroup=own,
+        events=MappingProxyType(events),
+    )
+
+
 def _from_cgroup2(dirs: tuple[str, ...]) -> Limits | None:
     own = dirs[0]
     if (
@@ -234,28 +266,13 @@ def _from_cgroup2(dirs: tuple[str, ...]) -> Limits | None:
         and _read(os.path.join(own, "memory.current")) is None
     ):
         return None  # the memory controller is not enabled for this cgroup
-    limit, where = _tightest(dirs, "memory.max")
-    high, high_where = _tightest(dirs, "memory.high")
-    swap, _ = _tightest(dirs, "memory.swap.max")
-    return Limits(
-        source="cgroup2",
-        limit=limit,
-        high=high,
-        current=_bytes(_read(os.path.join(own, "memory.current"))),
-        swap_limit=swap,
-        path=where or high_where or own,
-        cgroup=own,
-        events=MappingProxyType(read_counters(_read(os.path.join(own, "memory.events")))),
-    )
+    return _limits_of("cgroup2", dirs, read_counters(_read(os.path.join(own, "memory.events"))))
 
 
 def _from_cgroup1(dirs: tuple[str, ...]) -> Limits | None:
     own = dirs[0]
     if _read(os.path.join(own, "memory.limit_in_bytes")) is None:
         return None
-    limit, where = _tightest(dirs, "memory.limit_in_bytes")
-    soft, soft_where = _tightest(dirs, "memory.soft_limit_in_bytes")
-    memsw, _ = _tightest(dirs, "memory.memsw.limit_in_bytes")
     events: dict[str, int] = {}
     failcnt = _read(os.path.join(own, "memory.failcnt"))
     if failcnt is not None and failcnt.isdigit():
@@ -263,16 +280,7 @@ def _from_cgroup1(dirs: tuple[str, ...]) -> Limits | None:
     oom = read_counters(_read(os.path.join(own, "memory.oom_control")))
     if "oom_kill" in oom:
         events["oom_kill"] = oom["oom_kill"]
-    return Limits(
-        source="cgroup1",
-        limit=limit,
-        high=soft,
-        current=_bytes(_read(os.path.join(own, "memory.usage_in_bytes"))),
-        swap_limit=memsw,
-        path=where or soft_where or own,
-        cgroup=own,
-        events=MappingProxyType(events),
-    )
+    return _limits_of("cgroup1", dirs, events)
 
 
 def _from_cgroups(root: str) -> tuple[Limits | None, list[str]]:

@@ -344,11 +344,24 @@ int mr_glibc_malloc_info(char **text, size_t *size);
  * Everything below speaks Python: call it with the GIL held (an attached thread state), except
  * where a function says otherwise. Each returns NULL or -1 with an exception set on failure. */
 
+/* The module's result types (struct sequences), by their index in mr_core_state.types; module.c
+ * holds one description per index. */
+typedef enum {
+    MR_TRIM_RESULT,    /* TrimResult: trim() */
+    MR_MEMORY_STATS,   /* MemoryStats: stats() */
+    MR_HEAP_STATS,     /* HeapStats: heap_stats(), stats(heap=True).heap */
+    MR_TRIM_TOTALS,    /* TrimTotals: totals() */
+    MR_COLLECT_RESULT, /* CollectResult: collect_thread() */
+    MR_PROCESS_STATUS, /* _core.ProcessStatus: process_status() */
+    MR_PROCESS_ROLLUP, /* _core.ProcessRollup: process_rollup() */
+    MR_MIMALLOC_AREAS, /* _core.MimallocAreas: mimalloc_areas() */
+    MR_THP_SETTINGS,   /* ThpSettings: thp_settings() */
+    MR_THP_MARKED,     /* _core.ThpMarked: _thp_mark_heap() */
+    MR_NTYPES
+} mr_type_id;
+
 typedef struct {
-    PyTypeObject *trim_result_type;
-    PyTypeObject *memory_stats_type;
-    PyTypeObject *heap_stats_type;
-    PyTypeObject *trim_totals_type;
+    PyTypeObject *types[MR_NTYPES];
     PyObject *unsupported_error; /* memreclaim.UnsupportedAllocatorError */
     PyObject *allocator_name;    /* str */
     const mr_backend *backend;
@@ -361,22 +374,32 @@ static inline mr_core_state *mr_state(PyObject *module)
     return (mr_core_state *)PyModule_GetState(module);
 }
 
+/* A new, unfilled instance of the module's result type `id`. */
+static inline PyObject *mr_new_result(PyObject *module, mr_type_id id)
+{
+    return PyStructSequence_New(mr_state(module)->types[id]);
+}
+
 /* int for value >= 0, None for a negative (unknown) value. */
 PyObject *mr_int_or_none(int64_t value);
 /* str from a C string, None for NULL. */
 PyObject *mr_str_or_none(const char *text);
 /* Slots [first, first + count) of a struct sequence from `values` (mr_int_or_none each). */
 int mr_set_ints(PyObject *result, Py_ssize_t first, const int64_t *values, Py_ssize_t count);
-/* dict[key] = mr_int_or_none(value) / mr_str_or_none(value, "" as None). */
-int mr_dict_set_int(PyObject *dict, const char *key, int64_t value);
-int mr_dict_set_str(PyObject *dict, const char *key, const char *value);
-/* dict[key] = mr_int_or_none(value) for each item, in order: into `dict`, or a new dict. */
-typedef struct {
-    const char *key;
-    int64_t value; /* < 0: None */
-} mr_named_int;
-int mr_dict_set_ints(PyObject *dict, const mr_named_int *items, size_t count);
-PyObject *mr_dict_of_ints(const mr_named_int *items, size_t count);
+/* A new result of type `id` with slots [first, first + count) from `values` (mr_set_ints); the
+ * others are the caller's to fill (mr_result_put). */
+PyObject *mr_new_result_ints(PyObject *module, mr_type_id id, Py_ssize_t first,
+                             const int64_t *values, Py_ssize_t count);
+/* Slot i of a new result = item (stolen). item NULL (its exception set): the result is released
+ * and -1 returned, so a builder can chain these with || and return NULL. */
+int mr_result_put(PyObject *result, Py_ssize_t i, PyObject *item);
+/* A tuple of `count` items, item i made by item(items, i) (a new reference, or NULL with an
+ * exception set: then the tuple is released and NULL returned). */
+typedef PyObject *(*mr_item_maker)(const void *items, size_t i);
+PyObject *mr_tuple_of(const void *items, size_t count, mr_item_maker item);
+/* mr_tuple_of for an array of int64_t (mr_int_or_none each) / of uintptr_t. */
+PyObject *mr_tuple_of_ints(const int64_t *values, size_t count);
+PyObject *mr_tuple_of_addresses(const uintptr_t *values, size_t count);
 /* CLOCK_MONOTONIC in seconds. Pure C: with or without the GIL. */
 double mr_monotonic_seconds(void);
 /* OSError(err) naming the /proc file `path`; returns NULL. */

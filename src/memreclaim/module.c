@@ -124,6 +124,117 @@ static PyStructSequence_Desc heap_stats_desc = {
     5,
 };
 
+static PyStructSequence_Field collect_result_fields[] = {
+    {"method", "what was called for the calling thread ('none' when nothing)"},
+    {"anon_before", "anonymous resident bytes before the call (None if unreadable)"},
+    {"anon_after", "anonymous resident bytes after the call (None if unreadable)"},
+    {"seconds", "seconds the call took"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc collect_result_desc = {
+    "memreclaim.CollectResult",
+    "The outcome of collect_thread(): the calling thread's share of giving memory back.",
+    collect_result_fields,
+    4,
+};
+
+static PyStructSequence_Field process_status_fields[] = {
+    {"name", "the command (Name)"},
+    {"threads", "threads (Threads), or None"},
+    {"rss", "resident bytes (VmRSS), or None"},
+    {"rss_anon", "anonymous resident bytes (RssAnon), or None"},
+    {"rss_file", "file-backed resident bytes (RssFile), or None"},
+    {"rss_shmem", "shared-memory resident bytes (RssShmem), or None"},
+    {"swap", "swapped-out bytes (VmSwap), or None"},
+    {"peak_rss", "the high-water mark of resident bytes (VmHWM), or None"},
+    {"virtual", "virtual size in bytes (VmSize), or None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc process_status_desc = {
+    "memreclaim._core.ProcessStatus",
+    "A process's figures from /proc/PID/status (process_status()); None where the kernel does "
+    "not report one.",
+    process_status_fields,
+    9,
+};
+
+static PyStructSequence_Field process_rollup_fields[] = {
+    {"pss", "proportional set size in bytes (Pss), or None"},
+    {"private_dirty", "bytes (Private_Dirty), or None"},
+    {"shared_clean", "bytes (Shared_Clean), or None"},
+    {"anonymous", "anonymous bytes (Anonymous), or None"},
+    {"anon_huge_pages", "anonymous bytes in huge pages (AnonHugePages), or None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc process_rollup_desc = {
+    "memreclaim._core.ProcessRollup",
+    "A process's /proc/PID/smaps_rollup in bytes (process_rollup()); None where absent.",
+    process_rollup_fields,
+    5,
+};
+
+static PyStructSequence_Field mimalloc_areas_fields[] = {
+    {"small", "in-use bytes in pages of small blocks"},
+    {"large", "in-use bytes in pages of larger blocks"},
+    {"committed", "committed bytes of the pages visited"},
+    {"areas", "pages visited"},
+    {"addresses", "tuple: the start addresses of the first pages visited (at most 4096)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc mimalloc_areas_desc = {
+    "memreclaim._core.MimallocAreas",
+    "The calling thread's mimalloc heap, page by page (mimalloc_areas()).",
+    mimalloc_areas_fields,
+    5,
+};
+
+static PyStructSequence_Field thp_settings_fields[] = {
+    {"mode", "the mode governing 2 MiB pages: 'always', 'madvise', 'never' (pmd_enabled unless it "
+             "is 'inherit', else enabled), or None"},
+    {"enabled", "the bracketed word of enabled, or None"},
+    {"pmd_enabled", "the bracketed word of hugepages-2048kB/enabled (6.8+), or None"},
+    {"defrag", "the bracketed word of defrag, or None"},
+    {"pmd_size", "hpage_pmd_size in bytes, or None"},
+    {"max_ptes_none", "khugepaged/max_ptes_none, or None"},
+    {"scan_sleep_millisecs", "khugepaged/scan_sleep_millisecs, or None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc thp_settings_desc = {
+    "memreclaim.ThpSettings",
+    "The transparent-huge-page settings (thp_settings()); None where the kernel has no such "
+    "file.",
+    thp_settings_fields,
+    7,
+};
+
+static PyStructSequence_Field thp_marked_fields[] = {
+    {"ranges", "heap ranges marked MADV_NOHUGEPAGE"},
+    {"bytes", "bytes in them"},
+    {"skipped", "ranges unmapped meanwhile by another thread"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc thp_marked_desc = {
+    "memreclaim._core.ThpMarked",
+    "What _thp_mark_heap() marked.",
+    thp_marked_fields,
+    3,
+};
+
+/* Each result type's description, by its mr_type_id. */
+static PyStructSequence_Desc *const result_descs[MR_NTYPES] = {
+    [MR_TRIM_RESULT] = &trim_result_desc,       [MR_MEMORY_STATS] = &memory_stats_desc,
+    [MR_HEAP_STATS] = &heap_stats_desc,         [MR_TRIM_TOTALS] = &trim_totals_desc,
+    [MR_COLLECT_RESULT] = &collect_result_desc, [MR_PROCESS_STATUS] = &process_status_desc,
+    [MR_PROCESS_ROLLUP] = &process_rollup_desc, [MR_MIMALLOC_AREAS] = &mimalloc_areas_desc,
+    [MR_THP_SETTINGS] = &thp_settings_desc,     [MR_THP_MARKED] = &thp_marked_desc,
+};
+
 /* ---- shared Python glue (declared in memreclaim.h) ------------------------------------------- */
 
 PyObject *mr_int_or_none(int64_t value)
@@ -145,6 +256,63 @@ int mr_set_ints(PyObject *result, Py_ssize_t first, const int64_t *values, Py_ss
         }
         PyStructSequence_SetItem(result, first + i, item);
     }
+    return 0;
+}
+
+PyObject *mr_tuple_of(const void *items, size_t count, mr_item_maker item)
+{
+    PyObject *tuple = PyTuple_New((Py_ssize_t)count);
+    if (tuple == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < count; i++) {
+        PyObject *made = item(items, i);
+        if (made == NULL) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, (Py_ssize_t)i, made);
+    }
+    return tuple;
+}
+
+static PyObject *int_item(const void *values, size_t i)
+{
+    return mr_int_or_none(((const int64_t *)values)[i]);
+}
+
+static PyObject *address_item(const void *values, size_t i)
+{
+    return PyLong_FromSize_t((size_t)((const uintptr_t *)values)[i]);
+}
+
+PyObject *mr_tuple_of_ints(const int64_t *values, size_t count)
+{
+    return mr_tuple_of(values, count, int_item);
+}
+
+PyObject *mr_tuple_of_addresses(const uintptr_t *values, size_t count)
+{
+    return mr_tuple_of(values, count, address_item);
+}
+
+PyObject *mr_new_result_ints(PyObject *module, mr_type_id id, Py_ssize_t first,
+                             const int64_t *values, Py_ssize_t count)
+{
+    PyObject *result = mr_new_result(module, id);
+    if (result != NULL && mr_set_ints(result, first, values, count) < 0) {
+        Py_CLEAR(result);
+    }
+    return result;
+}
+
+int mr_result_put(PyObject *result, Py_ssize_t i, PyObject *item)
+{
+    if (item == NULL) {
+        Py_DECREF(result);
+        return -1;
+    }
+    PyStructSequence_SetItem(result, i, item);
     return 0;
 }
 
@@ -239,50 +407,6 @@ PyObject *mr_str_or_none(const char *text)
     return PyUnicode_FromString(text);
 }
 
-/* Add key: mr_int_or_none(value) to dict; -1 with an exception set. */
-int mr_dict_set_int(PyObject *dict, const char *key, int64_t value)
-{
-    PyObject *item = mr_int_or_none(value);
-    int rc;
-    if (item == NULL) {
-        return -1;
-    }
-    rc = PyDict_SetItemString(dict, key, item);
-    Py_DECREF(item);
-    return rc;
-}
-
-int mr_dict_set_str(PyObject *dict, const char *key, const char *value)
-{
-    PyObject *item = mr_str_or_none(value != NULL && value[0] != '\0' ? value : NULL);
-    int rc;
-    if (item == NULL) {
-        return -1;
-    }
-    rc = PyDict_SetItemString(dict, key, item);
-    Py_DECREF(item);
-    return rc;
-}
-
-int mr_dict_set_ints(PyObject *dict, const mr_named_int *items, size_t count)
-{
-    for (size_t i = 0; i < count; i++) {
-        if (mr_dict_set_int(dict, items[i].key, items[i].value) < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-PyObject *mr_dict_of_ints(const mr_named_int *items, size_t count)
-{
-    PyObject *dict = PyDict_New();
-    if (dict != NULL && mr_dict_set_ints(dict, items, count) < 0) {
-        Py_CLEAR(dict);
-    }
-    return dict;
-}
-
 /* ---- allocator ------------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(allocator_doc, "allocator() -> str\n\n"
@@ -353,11 +477,12 @@ static int core_exec(PyObject *module)
         PyModule_AddFunctions(module, mr_knobs_methods) < 0) {
         return -1;
     }
-    if (add_type(module, &state->trim_result_type, &trim_result_desc) < 0 ||
-        add_type(module, &state->memory_stats_type, &memory_stats_desc) < 0 ||
-        add_type(module, &state->heap_stats_type, &heap_stats_desc) < 0 ||
-        add_type(module, &state->trim_totals_type, &trim_totals_desc) < 0 ||
-        mr_totals_add_constants(module) < 0) {
+    for (int i = 0; i < MR_NTYPES; i++) {
+        if (add_type(module, &state->types[i], result_descs[i]) < 0) {
+            return -1;
+        }
+    }
+    if (mr_totals_add_constants(module) < 0) {
         return -1;
     }
     state->unsupported_error = PyErr_NewExceptionWithDoc(
@@ -384,10 +509,9 @@ static int core_exec(PyObject *module)
 static int core_traverse(PyObject *module, visitproc visit, void *arg)
 {
     mr_core_state *state = mr_state(module);
-    Py_VISIT(state->trim_result_type);
-    Py_VISIT(state->memory_stats_type);
-    Py_VISIT(state->heap_stats_type);
-    Py_VISIT(state->trim_totals_type);
+    for (int i = 0; i < MR_NTYPES; i++) {
+        Py_VISIT(state->types[i]);
+    }
     Py_VISIT(state->unsupported_error);
     return 0;
 }
@@ -395,10 +519,9 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg)
 static int core_clear(PyObject *module)
 {
     mr_core_state *state = mr_state(module);
-    Py_CLEAR(state->trim_result_type);
-    Py_CLEAR(state->memory_stats_type);
-    Py_CLEAR(state->heap_stats_type);
-    Py_CLEAR(state->trim_totals_type);
+    for (int i = 0; i < MR_NTYPES; i++) {
+        Py_CLEAR(state->types[i]);
+    }
     Py_CLEAR(state->unsupported_error);
     Py_CLEAR(state->allocator_name);
     return 0;

@@ -98,16 +98,12 @@ import collections
 import logging
 from typing import Literal
 
-from . import _validate
+from . import _deprecated, _validate
 from ._accounting import UNPRODUCTIVE_BELOW
 from .units import format_bytes
 
 __all__ = [
-    "AUTO_SLACK_FRACTION",
-    "AUTO_SLACK_MIN",
-    "NEAR_LIMIT_FREE_READ",
     "NEAR_LIMIT_HOLD",
-    "NEAR_LIMIT_TICK",
     "Decision",
     "PacingPolicy",
     "Provisional",
@@ -121,17 +117,17 @@ Decision = Literal["below-slack", "rising", "min-interval", "backoff", "budget",
 Provisional = Literal["incomplete", "regrowth"]
 """Why the learned level is provisional (see :attr:`PacingPolicy.provisional`)."""
 
-AUTO_SLACK_MIN = 8 << 20
+_AUTO_SLACK_MIN = 8 << 20
 """With ``slack=None``, the trigger is at least this many bytes of growth."""
-AUTO_SLACK_FRACTION = 0.125
+_AUTO_SLACK_FRACTION = 0.125
 """With ``slack=None``, the trigger is this fraction of the learned level (if larger)."""
-NEAR_LIMIT_TICK = 0.02
+_NEAR_LIMIT_TICK = 0.02
 """Seconds between a runner's readings while RSS approaches the limit (see
 :meth:`PacingPolicy.tick_interval`)."""
 NEAR_LIMIT_HOLD = 2.0
 """Seconds after a trim made at or approaching the limit during which readings stay fast: a
 burst that crossed the mark may be freed, or grow on, right after that trim."""
-NEAR_LIMIT_FREE_READ = 0.1
+_NEAR_LIMIT_FREE_READ = 0.1
 """Seconds between two reads of the allocator's free bytes near the limit (see
 :meth:`PacingPolicy.wants_free`; a read walks glibc's free lists: about 3 ms on a fragmented
 500 MiB heap)."""
@@ -315,7 +311,7 @@ class PacingPolicy:
         if self._slack is not None:
             return self._slack
         level = self._level or 0
-        return max(AUTO_SLACK_MIN, int(level * AUTO_SLACK_FRACTION))
+        return max(_AUTO_SLACK_MIN, int(level * _AUTO_SLACK_FRACTION))
 
     @property
     def settle(self) -> int:
@@ -463,13 +459,12 @@ class PacingPolicy:
         ``vsize=``) to this tick.
 
         True while the level is more than ``slack`` over the floor (half of it once a trim has
-        recorded ``mapped``), or the pinned excess is more than ``slack`` (memory pinned at the
-        last trim may be freed later, which RSS cannot show), at most once per
-        ``min_interval`` (or per second), and every
-        :data:`NEAR_LIMIT_FREE_READ` seconds near the limit. With ``rss`` (this tick's reading),
-        also at every tick whose growth could be memory that came back by itself after the last
-        trim (more than ``slack``, at most what that trim released plus ``slack``): only the
-        figures tell it from allocation.
+        recorded ``mapped``), or the pinned excess is more than ``slack`` (memory pinned at the last
+        trim may be freed later, which RSS cannot show), at most once per ``min_interval`` (or per
+        second), and every 0.1 s near the limit. With ``rss`` (this tick's reading), also at every
+        tick whose growth could be memory that came back by itself after the last trim (more than
+        ``slack``, at most what that trim released plus ``slack``): only the figures tell it from
+        allocation.
         """
         floor, level = self._require_reset()
         if (
@@ -487,7 +482,7 @@ class PacingPolicy:
         every = min(self._min_interval, 1.0)
         held = now < self._hold_until
         if held or (self._previous is not None and self._near_limit(self._previous, level)):
-            every = min(every, NEAR_LIMIT_FREE_READ)
+            every = min(every, _NEAR_LIMIT_FREE_READ)
         return last is None or now - last >= every
 
     def _regrowth_candidate(self, rss: int, level: int) -> bool:
@@ -701,7 +696,7 @@ class PacingPolicy:
         """Seconds a runner should wait before its next reading, given its ``interval``.
 
         ``interval`` itself, except while RSS (the last reading) is near the limit: then
-        :data:`NEAR_LIMIT_TICK`, so that the trim at the mark comes within a few MiB of
+        0.02 s, so that the trim at the mark comes within a few MiB of
         allocation, not a second of it; also for :data:`NEAR_LIMIT_HOLD` seconds after a trim
         made at or approaching the limit, when ``now`` is given. A reading costs about a
         microsecond.
@@ -710,7 +705,7 @@ class PacingPolicy:
             return interval
         held = now is not None and now < self._hold_until
         if held or self._near_limit(self._previous, self._level):
-            return min(interval, NEAR_LIMIT_TICK)
+            return min(interval, _NEAR_LIMIT_TICK)
         return interval
 
     def _trigger(
@@ -876,3 +871,16 @@ class PacingPolicy:
         self._miss_run = 0
         self._provisional = None
         self._retest_due = None
+
+
+# Made private (one release, then gone): tuning constants no user needs.
+_PRIVATE: dict[str, tuple[str, object]] = {
+    "AUTO_SLACK_MIN": ("PacingPolicy(slack=...) to set the trigger", _AUTO_SLACK_MIN),
+    "AUTO_SLACK_FRACTION": ("PacingPolicy(slack=...) to set the trigger", _AUTO_SLACK_FRACTION),
+    "NEAR_LIMIT_TICK": ("PacingPolicy.tick_interval() for the interval", _NEAR_LIMIT_TICK),
+    "NEAR_LIMIT_FREE_READ": ("PacingPolicy.wants_free() for the reads", _NEAR_LIMIT_FREE_READ),
+}
+
+
+def __getattr__(name: str) -> object:
+    return _deprecated.lookup(__name__, name, _PRIVATE)

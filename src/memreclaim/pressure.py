@@ -10,6 +10,18 @@
 
 from __future__ import annotations
 
-from .runners.pressure import PressureEvent, PressureSource, PressureWatcher, find_sources
+from . import _deprecated
+from .runners import wakeups
+from .runners.pressure import PressureEvent, PressureWatcher
 
-__all__ = ["PressureEvent", "PressureSource", "PressureWatcher", "find_sources"]
+__all__ = ["PressureEvent", "PressureWatcher"]
+
+# Moved to memreclaim.runners.wakeups (one release, then gone).
+_MOVED: dict[str, tuple[str, object]] = {
+    "PressureSource": ("memreclaim.runners.wakeups.PressureSource", wakeups.PressureSource),
+    "find_sources": ("memreclaim.runners.wakeups.find_sources", wakeups.find_sources),
+}
+
+
+def __getattr__(name: str) -> object:
+    return _deprecated.lookup(__name__, name, _MOVED)

@@ -129,7 +129,7 @@ def _serve(command: str, pools: bool, reply: str, via: str) -> None:
 
 class _Handler:
     def __init__(self, signum: int, directory: Path) -> None:
-        from .runners._base import DaemonThread  # the one daemon-thread lifecycle
+        from ._daemon import DaemonThread  # the one daemon-thread lifecycle
 
         self.signum = signum
         self.directory = directory

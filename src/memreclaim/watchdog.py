@@ -6,12 +6,12 @@ the shared :mod:`~memreclaim.runners._base`); this module re-exports them.
 
 from __future__ import annotations
 
+from ._daemon import _at_exit as _at_exit
 from .glibc import THREAD_TRIM_THRESHOLD as THREAD_TRIM_THRESHOLD
 from .policy import Decision, PacingPolicy
 from .runners._base import MAX_INTERVAL as MAX_INTERVAL
 from .runners._base import Counters, TrimEvent
 from .runners._base import Gate as Gate
-from .runners._base import _at_exit as _at_exit
 from .runners.aio import Watchdog
 from .runners.thread import BackgroundTrimmer
 

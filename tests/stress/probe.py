@@ -62,7 +62,9 @@ def probe() -> dict[str, Any]:
         "heap_stats": memreclaim.heap_stats,
         "malloc_info": lambda: memreclaim.malloc_info()[:40],
         "arenas": lambda: len(memreclaim.arenas()),
-        "mimalloc_areas": lambda: sorted(_core.mimalloc_areas(64 * 1024, 1_000_000)),
+        "mimalloc_areas": lambda: sorted(
+            memreclaim.asdict(_core.mimalloc_areas(64 * 1024, 1_000_000))
+        ),
         # What the process exports, whatever memreclaim's lookups are made to miss.
         "mimalloc_walk_exported": lambda: all(
             hasattr(ctypes.CDLL(None), name)

@@ -110,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="run tracemalloc for the traced column (default: on, except for dicts where its"
-        " bookkeeping would dwarf the effect); it slows the build several times",
+        help="run tracemalloc for the traced column (default: on for spike; off for dicts, where"
+        " its bookkeeping would dwarf the effect, and buffers, whose retention it hides); it"
+        " slows the build several times",
     )
     demo.add_argument(
         "--scale",

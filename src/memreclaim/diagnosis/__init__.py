@@ -54,6 +54,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable, Generator
+from contextlib import closing
 from dataclasses import dataclass, field
 
 from .. import _core, _validate
@@ -492,38 +493,59 @@ def _pool_reclaimable() -> int | None:
 # ---- measure / ameasure: one implementation --------------------------------------------------
 
 
-def _check_measure(
-    workload: object, repeat: int, warmup: int, noise_floor: int | str, top: int, frames: int
-) -> None:
-    if not callable(workload):
-        raise TypeError(f"workload must be callable, not {type(workload).__name__}")
-    _validate.integer("repeat", repeat, minimum=1)
-    _validate.integer("warmup", warmup)
-    _validate.size("noise_floor", noise_floor, allow_zero=True)
-    _validate.integer("top", top)
-    _validate.integer("frames", frames, minimum=1, maximum=1000)
+class _Protocol:
+    """The measuring protocol of :func:`measure` and :func:`ameasure`, checked at construction:
+    the caller runs the workload once per item of :meth:`runs`, then takes :meth:`report`."""
 
+    def __init__(
+        self,
+        workload: object,
+        repeat: int,
+        warmup: int,
+        noise_floor: int | str,
+        trace: bool,
+        frames: int,
+        top: int,
+    ) -> None:
+        if not callable(workload):
+            raise TypeError(f"workload must be callable, not {type(workload).__name__}")
+        _validate.integer("repeat", repeat, minimum=1)
+        _validate.integer("warmup", warmup)
+        _validate.size("noise_floor", noise_floor, allow_zero=True)
+        _validate.integer("top", top)
+        _validate.integer("frames", frames, minimum=1, maximum=1000)
+        _validate.flag("trace", trace)
+        self._repeat, self._warmup, self._noise_floor = repeat, warmup, noise_floor
+        self._trace, self._frames, self._top = trace, frames, top
+        self._report: Report | None = None
 
-def _steps(
-    repeat: int, warmup: int, noise_floor: int | str, trace: bool, frames: int, top: int
-) -> Generator[str, None, Report]:
-    """The measuring protocol; the caller runs the workload each time it yields "run"."""
-    start = time.perf_counter()
-    for _ in range(warmup):
-        yield "run"
-    untraced = (time.perf_counter() - start) / warmup if warmup else None
-    before = snapshot(trace=trace, frames=frames)
-    before.warmup = warmup
-    before.untraced_seconds = untraced
-    try:
-        for _ in range(repeat):
-            before._clock = time.perf_counter()
-            yield "run"
-            before.checkpoint()
-    except BaseException:
-        before.close()
-        raise
-    return diagnose(before, iterations=repeat, noise_floor=noise_floor, top=top)
+    def runs(self) -> Generator[None, None, None]:
+        """One item per run of the workload: the warm-up (untraced, timed), then the measured
+        runs. Closed early (the workload raised), it undoes the snapshot's tracing."""
+        start = time.perf_counter()
+        for _ in range(self._warmup):
+            yield
+        untraced = (time.perf_counter() - start) / self._warmup if self._warmup else None
+        before = snapshot(trace=self._trace, frames=self._frames)
+        before.warmup = self._warmup
+        before.untraced_seconds = untraced
+        try:
+            for _ in range(self._repeat):
+                before._clock = time.perf_counter()
+                yield
+                before.checkpoint()
+        except BaseException:  # GeneratorExit from closing(): the workload raised
+            before.close()
+            raise
+        self._report = diagnose(
+            before, iterations=self._repeat, noise_floor=self._noise_floor, top=self._top
+        )
+
+    def report(self) -> Report:
+        """The diagnosis of the finished runs."""
+        if self._report is None:
+            raise RuntimeError("the measured runs did not finish")
+        return self._report
 
 
 def measure(
@@ -549,19 +571,11 @@ def measure(
     the reason in ``Report.python_reason``, and Python objects over 512 bytes count in the
     native series.
     """
-    _check_measure(workload, repeat, warmup, noise_floor, top, frames)
-    _validate.flag("trace", trace)
-    steps = _steps(repeat, warmup, noise_floor, trace, frames, top)
-    try:
-        while True:
-            next(steps)
-            try:
-                workload()
-            except BaseException as exc:
-                steps.throw(exc)
-    except StopIteration as done:
-        report: Report = done.value
-        return report
+    protocol = _Protocol(workload, repeat, warmup, noise_floor, trace, frames, top)
+    with closing(protocol.runs()) as runs:
+        for _ in runs:
+            workload()
+    return protocol.report()
 
 
 async def ameasure(
@@ -575,18 +589,10 @@ async def ameasure(
     top: int = 10,
 ) -> Report:
     """:func:`measure` for a coroutine function: ``await workload()`` for each iteration."""
-    _check_measure(workload, repeat, warmup, noise_floor, top, frames)
-    _validate.flag("trace", trace)
-    steps = _steps(repeat, warmup, noise_floor, trace, frames, top)
-    try:
-        while True:
-            next(steps)
-            try:
-                result = workload()
-                if inspect.isawaitable(result):
-                    await result
-            except BaseException as exc:
-                steps.throw(exc)
-    except StopIteration as done:
-        report: Report = done.value
-        return report
+    protocol = _Protocol(workload, repeat, warmup, noise_floor, trace, frames, top)
+    with closing(protocol.runs()) as runs:
+        for _ in runs:
+            result = workload()
+            if inspect.isawaitable(result):
+                await result
+    return protocol.report()

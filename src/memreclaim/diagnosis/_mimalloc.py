@@ -14,10 +14,8 @@ in for them: a footprint, confirmed after the trim (``mi_collect``).
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import _core
-from .._core import UnsupportedAllocatorError, allocator_version, mimalloc_areas
+from .._core import MimallocAreas, UnsupportedAllocatorError, allocator_version, mimalloc_areas
 
 Maps = tuple[tuple[int, int, int], ...]
 Raw = tuple[Maps, int, tuple[int, int] | None]
@@ -64,7 +62,7 @@ class Mimalloc:
             if block:
                 self._probes.add(block)
         if self._walkable and len(self._probes) < 4096:
-            self._probes.update(self._walk()["addresses"])
+            self._probes.update(self._walk().addresses)
         return _core.diag_anon_mappings()
 
     def resident(self, maps: Maps) -> int:
@@ -85,7 +83,7 @@ class Mimalloc:
             run.append(entry)
         return total + (close() if run else 0)
 
-    def _walk(self) -> dict[str, Any]:
+    def _walk(self) -> MimallocAreas:
         """This thread's heap, page by page; OSError (EOVERFLOW) past ``_MAX_AREAS`` pages."""
         return mimalloc_areas(SMALL, _MAX_AREAS)
 
@@ -100,8 +98,8 @@ class Mimalloc:
         small_large = None
         if not self.footprint and self._walkable:
             walk = self._walk()
-            committed = walk["committed"]
-            small_large = (walk["small"], walk["large"])
+            committed = walk.committed
+            small_large = (walk.small, walk.large)
         self.last = (maps, committed, small_large)
         return self.parts(self.last)
 

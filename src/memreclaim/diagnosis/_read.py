@@ -83,7 +83,7 @@ def pymalloc() -> tuple[int, int] | None:
 def threads() -> int:
     """Threads of this process (/proc/self/status)."""
     try:
-        count = _core.process_status(os.getpid()).get("threads")
+        count = _core.process_status(os.getpid()).threads
     except OSError:
         count = None
     return count if isinstance(count, int) else threading.active_count()

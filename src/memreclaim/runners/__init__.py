@@ -2,7 +2,8 @@
 and report.
 
 - :mod:`._base`: what every runner shares (signals, one trim under the process lock, counters,
-  fork and exit handling) and :class:`~._base.DaemonThread`, the one daemon-thread lifecycle.
+  fork handling); the runners' threads are :class:`memreclaim._daemon.DaemonThread`'s, the one
+  daemon-thread lifecycle.
 - :mod:`.aio`: :class:`Watchdog`, for asyncio programs.
 - :mod:`.thread`: :class:`BackgroundTrimmer`, a daemon thread plus hooks for request ends.
 - :mod:`.pressure`: :class:`PressureWatcher`, acting on the kernel's pressure reports.

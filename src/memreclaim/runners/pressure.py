@@ -20,7 +20,7 @@ runners can sleep on too), found through ``/proc/self/cgroup`` unless given:
   signals a change of the file with ``POLLPRI``; the file is also read every ``poll_interval``.
 
 The watcher runs in its own daemon thread (never on an event loop; its lifecycle is
-:class:`~memreclaim.runners._base.DaemonThread`'s). The callback gets a
+:class:`memreclaim._daemon.DaemonThread`'s). The callback gets a
 :class:`PressureEvent`; two calls are at least ``min_interval`` seconds apart (events meanwhile
 are counted in :attr:`PressureWatcher.suppressed`). A callback that raises is logged and counted;
 the watcher keeps running.
@@ -38,12 +38,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import _validate
+from .. import _deprecated, _validate
+from .._daemon import DaemonThread
 from ..memlimits import _read
-from ._base import DaemonThread, StartStop
-from .wakeups import EventsFile, PsiTrigger, WakeSource, find_sources
+from . import wakeups
+from ._base import StartStop
+from .wakeups import EventsFile, PsiTrigger, WakeSource
 
-__all__ = ["PressureEvent", "PressureSource", "PressureWatcher", "find_sources"]
+__all__ = ["PressureEvent", "PressureWatcher"]
 
 log = logging.getLogger("memreclaim.pressure")
 
@@ -57,17 +59,6 @@ class PressureEvent:
     path: str
     detail: str
     monotonic: float
-
-
-@dataclass(frozen=True)
-class PressureSource:
-    """One file the watcher watches: ``mode`` is ``"trigger"`` (the kernel wakes the watcher)
-    or ``"poll"`` (read every ``poll_interval``); ``why`` says why it polls, when it does."""
-
-    kind: str
-    path: str
-    mode: str
-    why: str | None = None
 
 
 def _psi_total(text: str | None, kind: str) -> int | None:
@@ -100,9 +91,10 @@ class PressureWatcher(StartStop):
 
     ``stall``/``window`` (seconds) make the PSI trigger: fire when tasks stalled on memory for
     ``stall`` seconds within ``window`` (``kind="some"``: at least one task; ``"full"``: all).
-    ``psi``/``events`` are the files to watch (default ``"auto"``: :func:`find_sources`; None:
-    do not watch that kind). ``poll_interval`` is how often polled files are read;
-    ``triggers=False`` polls the PSI file instead of writing a trigger.
+    ``psi``/``events`` are the files to watch (default ``"auto"``:
+    :func:`memreclaim.runners.wakeups.find_sources`; None: do not watch that kind).
+    ``poll_interval`` is how often polled files are read; ``triggers=False`` polls the PSI file
+    instead of writing a trigger.
     """
 
     def __init__(
@@ -132,7 +124,7 @@ class PressureWatcher(StartStop):
         for arg, value in (("psi", psi), ("events", events)):
             if value is not None and not isinstance(value, str | os.PathLike):
                 raise TypeError(f"{arg} must be a path, 'auto' or None, not {type(value).__name__}")
-        auto_psi, auto_events = find_sources() if "auto" in (psi, events) else (None, None)
+        auto_psi, auto_events = wakeups.find_sources() if "auto" in (psi, events) else (None, None)
         self._psi_path = auto_psi if psi == "auto" else (None if psi is None else os.fspath(psi))
         self._events_path = (
             auto_events if events == "auto" else (None if events is None else os.fspath(events))
@@ -141,7 +133,7 @@ class PressureWatcher(StartStop):
         self._name = _validate.instance("name", name, str)
         self._worker = DaemonThread("PressureWatcher", self._name, wake=self._wake)
         self._wake_w = -1
-        self._sources: tuple[PressureSource, ...] = ()
+        self._sources: tuple[wakeups.PressureSource, ...] = ()
         self._notes: list[str] = []
         self.fired = 0
         """Callbacks made."""
@@ -160,7 +152,7 @@ class PressureWatcher(StartStop):
         return self._worker.running
 
     @property
-    def sources(self) -> tuple[PressureSource, ...]:
+    def sources(self) -> tuple[wakeups.PressureSource, ...]:
         """What the running (or last) watcher watches, and how."""
         return self._sources
 
@@ -238,13 +230,13 @@ class PressureWatcher(StartStop):
 
     def _open(self) -> list[_Source]:
         opened: list[_Source] = []
-        sources: list[PressureSource] = []
+        sources: list[wakeups.PressureSource] = []
         if self._psi_path is not None:
             path = self._psi_path
             try:
                 trigger = self._open_trigger(path)
                 opened.append(_Source("psi", path, "trigger", trigger))
-                sources.append(PressureSource("psi", path, "trigger"))
+                sources.append(wakeups.PressureSource("psi", path, "trigger"))
             except OSError as exc:
                 total = _psi_total(_read(path), self._kind)
                 if total is None:
@@ -257,7 +249,7 @@ class PressureWatcher(StartStop):
                     src.total = total
                     src.at = time.monotonic()
                     opened.append(src)
-                    sources.append(PressureSource("psi", path, "poll", why))
+                    sources.append(wakeups.PressureSource("psi", path, "poll", why))
         else:
             self._notes.append("no PSI file (kernel without CONFIG_PSI, or not asked for)")
         if self._events_path is not None:
@@ -268,7 +260,7 @@ class PressureWatcher(StartStop):
                 self._notes.append(f"{path}: cannot open ({exc.strerror}); not watched")
             else:
                 opened.append(_Source("memory.events", path, "poll", events))
-                sources.append(PressureSource("memory.events", path, "trigger"))
+                sources.append(wakeups.PressureSource("memory.events", path, "trigger"))
         self._sources = tuple(sources)
         return opened
 
@@ -368,3 +360,14 @@ class _Source:
         self.mode = mode
         self.total: int | None = None
         self.at = 0.0
+
+
+# Moved to memreclaim.runners.wakeups (one release, then gone).
+_MOVED: dict[str, tuple[str, object]] = {
+    "PressureSource": ("memreclaim.runners.wakeups.PressureSource", wakeups.PressureSource),
+    "find_sources": ("memreclaim.runners.wakeups.find_sources", wakeups.find_sources),
+}
+
+
+def __getattr__(name: str) -> object:
+    return _deprecated.lookup(__name__, name, _MOVED)

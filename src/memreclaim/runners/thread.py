@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable, Iterable
 
 from .. import _validate
+from .._daemon import DaemonThread
 from ..policy import PacingPolicy
 from ._base import (
     DEFAULT_WAKE_ON,
-    DaemonThread,
     Gate,
     StartStop,
     TrimEvent,
@@ -44,12 +44,9 @@ class BackgroundTrimmer(_Runner, StartStop):
     ``min_interval=`` and ``limit=`` (a soft limit in bytes or a size string; ``"auto"``, the
     default: the cgroup's, from :func:`memreclaim.memlimits.auto_limit`, or none where there is
     none; None: no limit), and ``wake_on``, the sources its thread also sleeps on (as the
-    Watchdog's: the cgroup v1 usage alarm and systemd's memory-pressure protocol by default).
-    ``thresholds`` is how the runner makes other threads give back what they keep
-    (:mod:`memreclaim.runners`): None, the default: under glibc, bound every arena's top at
-    start (:func:`memreclaim.glibc.bound_thread_tops`; skipped, and said once, when the
-    environment sets glibc's thresholds), under mimalloc 2 the purge delay to 0 once a trim
-    leaves more than ``slack`` with three or more threads; True: either at start; False: never.
+    Watchdog's: the cgroup v1 usage alarm and systemd's memory-pressure protocol by default),
+    and ``thresholds``, how the runner makes other threads give back what they keep (as the
+    Watchdog's; :mod:`memreclaim.runners`).
 
     Use ``start()`` / ``stop()`` or ``with BackgroundTrimmer(...):``. Fork-safe: in a forked
     child the trimmer is marked not running (its thread does not exist there) and can be started

@@ -43,6 +43,7 @@ __all__ = [
     "EVENT_COUNTERS",
     "WAKE_KINDS",
     "EventsFile",
+    "PressureSource",
     "PsiTrigger",
     "SystemdPressure",
     "UsageAlarmSource",
@@ -461,6 +462,18 @@ class Wakeups:
                 source._forget_after_fork()
             else:
                 source.close()
+
+
+@dataclass(frozen=True)
+class PressureSource:
+    """One file a :class:`~memreclaim.runners.pressure.PressureWatcher` watches (its
+    ``sources``): ``mode`` is ``"trigger"`` (the kernel wakes the watcher) or ``"poll"`` (read
+    every ``poll_interval``); ``why`` says why it polls, when it does."""
+
+    kind: str
+    path: str
+    mode: str
+    why: str | None = None
 
 
 WAKE_KINDS = ("usage-alarm", "psi", "memory.events", "systemd")
