@@ -15,6 +15,14 @@ the 30 s after the burst, and the max latency of the light requests that overlap
     .venv/bin/python benchmarks/bench_servers.py                  # every set-up and recipe
     .venv/bin/python benchmarks/bench_servers.py --only uvicorn-offload --spread 4
     .venv/bin/python benchmarks/bench_servers.py --record tests/data/uvicorn-offload-spread.json
+    .venv/bin/python benchmarks/bench_servers.py --guide --runs 2   # docs/integrations.md's app
+
+``--guide`` runs the FastAPI app of docs/integrations.md (read from the page) under uvicorn and
+under gunicorn with ``uvicorn_worker.UvicornWorker``: a burst of 12 concurrent requests to its
+``async def`` endpoint or to its ``def`` one, the level the lifespan's watchdog ends at against
+one explicit trim in the same worker, the trims its /metrics shows, and how long SIGINT and
+SIGTERM take to stop the server (the guide's stop-time figures; tests/test_servers_guide.py
+asserts the memory, never the time).
 
 Results: docs/benchmarks/servers.md. Timings here are from a shared, loaded machine: read them
 side by side within one run.
@@ -26,6 +34,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,6 +49,7 @@ from typing import Any
 
 MiB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "integrations.md"
 
 APP = textwrap.dedent(
     '''
@@ -72,7 +82,8 @@ APP = textwrap.dedent(
         elif path == "/counters":
             counters = None if RUNNER is None else RUNNER.counters.__dict__
             return {"pid": os.getpid(), "rss": memreclaim.rss(), "trims": TRIMS,
-                    "counters": counters, "record": RECORDED}
+                    "counters": counters, "record": RECORDED,
+                    "totals": memreclaim.asdict(memreclaim.totals())}
         return {"pid": os.getpid(), "rss": memreclaim.rss()}
 
     RECORDED = []
@@ -381,6 +392,156 @@ def summarise(run: dict[str, Any], reachable: int) -> dict[str, Any]:
     }
 
 
+# ---- the guide's FastAPI app (docs/integrations.md) -----------------------------------------
+
+GUIDE_TEST_ROUTES = textwrap.dedent(
+    """
+
+    # ---- test-only routes, appended to the guide's app by benchmarks/bench_servers.py ----
+    @app.get("/")
+    async def _root() -> dict[str, int]:
+        return {"pid": os.getpid(), "rss": memreclaim.rss()}
+
+
+    @app.get("/trim")
+    async def _trim() -> dict[str, object]:
+        return {"pid": os.getpid(), "rss": memreclaim.trim().rss_after}
+    """
+)
+
+
+def guide_app(path: Path = GUIDE) -> str:
+    """The guide's app: the Python block of ``path`` whose first line is ``# app.py``."""
+    blocks = re.findall(r"^```python\n(.*?)^```", path.read_text(), re.MULTILINE | re.DOTALL)
+    for block in blocks:
+        if block.startswith("# app.py\n"):
+            return str(block)
+    raise LookupError(f"no Python block starting with '# app.py' in {path}")
+
+
+def get_text(port: int, path: str, timeout: float = 60.0) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"GET {path}: HTTP {response.status}")
+        return data.decode()
+    finally:
+        conn.close()
+
+
+def metric(text: str, name: str) -> float | None:
+    """The value of an unlabelled sample ``name`` in Prometheus text, or None."""
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return float(match[1]) if match else None
+
+
+def guide_argv(server: str, port: int) -> list[str]:
+    """The guide's command lines (1 worker, so the one worker takes the whole burst)."""
+    if server == "uvicorn":
+        return [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1",
+                "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    return [sys.executable, "-m", "gunicorn", "-k", "uvicorn_worker.UvicornWorker", "-w", "1",
+            "-b", f"127.0.0.1:{port}", "--timeout", "120", "app:app"]  # fmt: skip
+
+
+def guide_run(
+    server: str, kind: str, workdir: Path, stop_signal: int, deadline: float = 60.0
+) -> dict[str, Any]:
+    """One run of the guide's app: burst on the ``kind`` ("async"/"sync") endpoint, wait for the
+    watchdog's trim and a flat RSS (bounded), /metrics, one explicit trim, then ``stop_signal``
+    (SIGINT to the session, as a terminal's Ctrl-C; SIGTERM to the server process, as a
+    container runtime) and the seconds it took to exit (SIGKILL after 30 s)."""
+    (workdir / "app.py").write_text(guide_app() + GUIDE_TEST_ROUTES)
+    port = free_port()
+    names = ("MEMRECLAIM", "MEMRECLAIM_INTERVAL", "MEMRECLAIM_SLACK", "MEMRECLAIM_MIN_INTERVAL")
+    env = {k: v for k, v in os.environ.items() if k not in (*names, "MEMRECLAIM_LOG")}
+    env.pop("LD_PRELOAD", None)
+    env["PYTHONPATH"] = str(workdir) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = launch(guide_argv(server, port), workdir, port, env)
+    stopped_in: float | None = None
+    try:
+        pid = get(port, "/")["pid"]
+        time.sleep(1.0)
+        base = statm_rss(pid) or 0
+        before = get(port, "/memreclaim")["trims"]
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda i: get(port, f"/build-{kind}?seed={i}"), range(12)))
+        assert {a["pid"] for a in answers} == {pid}, "one worker expected"
+        with open(f"/proc/{pid}/status") as f:
+            peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+        trail: list[int] = []
+        counters: dict[str, Any] = {}
+        settled = False
+        until = time.monotonic() + deadline
+        while time.monotonic() < until:
+            time.sleep(0.5)
+            trail.append(statm_rss(pid) or 0)
+            counters = get(port, "/memreclaim")
+            if counters["trims"] > before and len(trail) >= 3 and (
+                abs(trail[-1] - trail[-3]) < 2 * MiB
+            ):
+                settled = True
+                break
+        end = statm_rss(pid) or 0
+        metrics = get_text(port, "/metrics/")
+        reachable = get(port, "/trim")["rss"]
+    finally:
+        began = time.monotonic()
+        if proc.poll() is None:
+            if stop_signal == signal.SIGINT:
+                os.killpg(proc.pid, signal.SIGINT)
+            else:
+                os.kill(proc.pid, stop_signal)
+            try:
+                proc.wait(30)
+                stopped_in = time.monotonic() - began
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(20)
+    return {
+        "server": server,
+        "kind": kind,
+        "signal": signal.Signals(stop_signal).name,
+        "base": base,
+        "peak": peak,
+        "end": end,
+        "reachable": reachable,
+        "settled": settled,
+        "trail_mib": [v >> 20 for v in trail],
+        "watchdog_trims": counters.get("trims"),
+        "metrics_trims": metric(metrics, "memreclaim_trims_total"),
+        "metrics_released": metric(metrics, "memreclaim_released_bytes_total"),
+        "stopped_in": stopped_in,
+        "returncode": proc.returncode,
+        "log": (workdir / "server.log").read_text(),
+    }
+
+
+def guide_rows(runs: int) -> list[dict[str, Any]]:
+    rows = []
+    for server in ("uvicorn", "gunicorn"):
+        for kind in ("async", "sync"):
+            for i in range(runs):
+                sig = (signal.SIGINT, signal.SIGTERM)[i % 2]
+                with tempfile.TemporaryDirectory(prefix="bench-guide-") as tmp:
+                    run = guide_run(server, kind, Path(tmp), sig)
+                row = {
+                    key: round(run[key] / MiB, 1)
+                    if key in ("base", "peak", "end", "reachable")
+                    else run[key]
+                    for key in run
+                    if key not in ("log", "trail_mib")
+                }
+                if row["stopped_in"] is not None:
+                    row["stopped_in"] = round(row["stopped_in"], 2)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=sorted(SETUPS), help="set-up(s)")
@@ -391,7 +552,16 @@ def main() -> int:
     parser.add_argument("--light", type=float, default=32.0, help="seconds of light traffic")
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--record", type=Path, help="record a policy trace (uvicorn-offload)")
+    parser.add_argument("--guide", action="store_true", help="docs/integrations.md's app")
+    parser.add_argument("--runs", type=int, default=2, help="--guide: runs per row (2)")
     args = parser.parse_args()
+    if args.guide:
+        print(f"load: {os.getloadavg()}", flush=True)
+        rows = guide_rows(args.runs)
+        print(f"load: {os.getloadavg()}", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return 0
     if args.record:
         run = run_once("uvicorn-offload", "middleware", 4.0, args.light, record=True)
         trace = {

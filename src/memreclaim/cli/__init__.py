@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import memreclaim
 from memreclaim import _validate
 
-from ._common import CliError, MiB
+from ._common import CliError
 
 __all__ = ["main"]
 
@@ -169,8 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--slack",
         type=_size_arg,
-        default=64 * MiB,
-        help="trim when RSS exceeds its floor by more than this (default 64 MiB)",
+        default=None,
+        help="trim when RSS exceeds its learned level by more than this (default: the pacing"
+        " policy's, max(8 MiB, level / 8), as the hooks use)",
     )
     min_interval = _policy_min_interval()
     run.add_argument(

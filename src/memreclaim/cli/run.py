@@ -1,4 +1,11 @@
-"""``run``: a Python program run in this process with a periodic trimmer, reported at exit."""
+"""``run``: a Python program run in this process with a periodic trimmer, reported at exit.
+
+The trimmer follows the program's processes (:mod:`memreclaim.runners.autostart`): a forked
+child (a gunicorn worker, a Celery prefork process) starts its own in a fork handler, a spawned
+interpreter (``uvicorn --workers``) through the ``MEMRECLAIM`` variables ``run`` exports and the
+start-up hook. Each process that ends through this command's frames (the forked ones do: they
+return through ``runpy``) prints its own exit line, naming its pid when it is not the first.
+"""
 
 from __future__ import annotations
 
@@ -14,19 +21,39 @@ from memreclaim.units import format_bytes
 
 from ._common import CliError, show_size
 
+_started = time.perf_counter()  # this process's start, reset in each forked child
+_first_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _started
+    _started = time.perf_counter()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``run``: execute a script or module in this process with the trimmer running.
 
-    ``--min-interval`` left out (None) takes the pacing policy's own default.
+    ``--min-interval`` left out (None) takes the pacing policy's own default;
+    ``MEMRECLAIM_LOG`` in the environment sets up the ``memreclaim`` logger as with
+    ``MEMRECLAIM=1`` (:mod:`memreclaim.runners.autostart`).
     """
-    from memreclaim.watchdog import BackgroundTrimmer  # the policy layer, only when needed
+    global _started, _first_pid
+    from memreclaim.policy import PacingPolicy  # the policy layer, only when needed
+    from memreclaim.runners import autostart
 
     try:
-        trimmer = BackgroundTrimmer(
-            interval=args.interval, slack=args.slack, min_interval=args.min_interval
+        settings = autostart.Settings(
+            interval=args.interval,
+            slack=args.slack,
+            min_interval=args.min_interval,
+            log=os.environ.get(autostart.ENV_LOG, "").strip().lower() or None,
         )
-    except (TypeError, ValueError) as exc:  # e.g. a min interval past the back-off cap
+        if args.min_interval is not None:  # e.g. a min interval past the back-off cap
+            PacingPolicy(min_interval=args.min_interval)
+    except (TypeError, ValueError) as exc:
         parser.error(f"run: {exc}")
     argv: list[str] = args.argv
     if args.module is None:
@@ -46,8 +73,8 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             found = False
         if not found:
             raise CliError(f"no module named {args.module!r}")
-    trimmer.start()
-    start = time.perf_counter()
+    trimmer = autostart.activate(settings, export=True)
+    _started, _first_pid = time.perf_counter(), os.getpid()
     status: int = 0
     try:
         if args.module is None:
@@ -63,16 +90,19 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(exc.code, file=sys.stderr)
             status = 1
     finally:
-        trimmer.stop()
-        elapsed = time.perf_counter() - start
+        # a forked child returns here too, with its own trimmer (the parent's is not running)
+        trimmer = autostart.current() or trimmer
+        autostart.deactivate()
+        elapsed = time.perf_counter() - _started
         st = memreclaim.stats()
         done = trimmer.counters
+        who = "" if os.getpid() == _first_pid else f" (forked process {os.getpid()})"
         print(
-            f"memreclaim run: {elapsed:.1f} s, peak RSS {show_size(st.peak_rss)}, RSS now"
+            f"memreclaim run{who}: {elapsed:.1f} s, peak RSS {show_size(st.peak_rss)}, RSS now"
             f" {show_size(st.rss)}; {done.trims} trim(s) released"
             f" {format_bytes(done.bytes_released)} in {done.trim_seconds * 1000:.1f} ms"
-            f" (interval {args.interval:g} s, slack {format_bytes(args.slack)}, min interval"
-            f" {trimmer.policy.min_interval:g} s)",
+            f" (interval {args.interval:g} s, slack {format_bytes(trimmer.policy.slack)},"
+            f" min interval {trimmer.policy.min_interval:g} s)",
             file=sys.stderr,
         )
     return status

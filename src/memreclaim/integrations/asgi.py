@@ -18,7 +18,9 @@ Any other ASGI app (one without a lifespan hook of its own) can be wrapped inste
 Both start the watchdog at ``lifespan.startup`` and stop it at ``lifespan.shutdown``; the server
 must run the lifespan protocol (uvicorn and hypercorn do by default; with uvicorn
 ``--lifespan off`` nothing starts). One process, one watchdog: with ``uvicorn --workers N`` or
-gunicorn's ``UvicornWorker`` each worker process runs its own lifespan, hence its own watchdog.
+gunicorn's ``-k uvicorn_worker.UvicornWorker`` (the ``uvicorn-worker`` package; uvicorn's own
+``uvicorn.workers.UvicornWorker`` is deprecated) each worker process runs its own lifespan, hence
+its own watchdog. Which to prefer, this or ``memreclaim run``: docs/integrations.md.
 """
 
 from __future__ import annotations

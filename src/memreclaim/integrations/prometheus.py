@@ -3,7 +3,7 @@
     >>> from prometheus_client import start_http_server
     >>> from memreclaim.integrations import prometheus
     >>> prometheus.register()            # into prometheus_client's default REGISTRY
-    >>> start_http_server(9100)
+    >>> start_http_server(9100, addr="127.0.0.1")   # loopback: scraped by a local agent
 
 Every scrape reads the figures fresh (``/proc/self/statm``-cheap):
 
@@ -25,6 +25,12 @@ The counters come from the process-wide trim totals (``memreclaim.totals()``), w
 records itself once: they agree with the runners' own counters and never count a release twice.
 In the code this table is ``_METRICS``, one row per metric, which both the collector and
 :class:`MultiprocessMirror` read.
+
+For an ASGI app, mount prometheus_client's ASGI app on the app itself (no second listener)::
+
+    app.mount("/metrics", make_asgi_app())      # after register(); see docs/integrations.md
+
+``start_http_server(port)`` listens on every interface unless given ``addr="127.0.0.1"``.
 
 Multiprocess mode (gunicorn with ``PROMETHEUS_MULTIPROC_DIR``): prometheus_client's
 ``MultiProcessCollector`` aggregates only metrics kept in its per-process files; a custom
@@ -198,8 +204,9 @@ class MultiprocessMirror:
     be rebuilt from totals) as counters summed over workers, dead ones included;
     ``memreclaim_rss_bytes`` and ``memreclaim_rss_anon_bytes`` as gauges with a ``pid`` label
     per live worker (``multiprocess_mode="liveall"``); the limit as ``memreclaim_limit_bytes``
-    (``"livemax"``, 0 when there is none). Not mirrored: ``memreclaim_traced_bytes``,
-    ``memreclaim_limit_target_bytes``.
+    with its ``source`` label, as the collector reports it (``"livemax"``; absent when there is
+    none, so a headroom query divides by nothing rather than by 0). Not mirrored:
+    ``memreclaim_traced_bytes``, ``memreclaim_limit_target_bytes``.
 
     ``registry=None`` leaves the metrics unregistered (multiprocess mode collects them from the
     files, not from a registry); tests pass their own registry.
@@ -219,8 +226,15 @@ class MultiprocessMirror:
             if metric.mirror == "counter":
                 self._counters[metric.name] = Counter(metric.name, metric.help, registry=registry)
             elif metric.mirror is not None:
+                # the limit keeps the collector's ``source`` label: a labelled gauge has no
+                # sample until it is set, so with no limit the series is absent, not 0
+                labels = ("source",) if metric.name == "memreclaim_limit_bytes" else ()
                 self._gauges[metric.name] = Gauge(
-                    metric.name, metric.help, multiprocess_mode=metric.mirror, registry=registry
+                    metric.name,
+                    metric.help,
+                    labels,
+                    multiprocess_mode=metric.mirror,
+                    registry=registry,
                 )
         self._seen: dict[str, float] = {}
 
@@ -237,6 +251,6 @@ class MultiprocessMirror:
         for name, gauge in self._gauges.items():
             value = values[name]
             if isinstance(value, tuple):  # (source, limit)
-                value = value[1]
-            if value is not None or name == "memreclaim_limit_bytes":
-                gauge.set(value or 0)
+                gauge.labels(value[0]).set(value[1])
+            elif value is not None:
+                gauge.set(value)
