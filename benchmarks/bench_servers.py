@@ -194,17 +194,8 @@ def statm_rss(pid: int) -> int | None:
 
 
 def get(port: int, path: str, timeout: float = 120.0) -> dict[str, Any]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        data = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"GET {path}: HTTP {response.status}")
-        result: dict[str, Any] = json.loads(data)
-        return result
-    finally:
-        conn.close()
+    result: dict[str, Any] = json.loads(get_text(port, path, timeout))
+    return result
 
 
 def server_argv(setup: str, recipe: str, port: int, workdir: Path) -> list[str]:

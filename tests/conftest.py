@@ -259,3 +259,13 @@ def allocator_lib(name: str) -> Path:
             pytest.fail(f"no {pattern} found but MEMRECLAIM_REQUIRE_ALLOCATORS is set")
         pytest.skip(f"no library matching {pattern} is installed ({_INSTALL_HINT})")
     return lib
+
+
+def peak_rss(pid: int) -> int:
+    """VmHWM of process pid: its peak resident size, which proves a spike happened even if a
+    trimmer already gave part of it back before the test looked."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")

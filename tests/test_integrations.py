@@ -24,6 +24,7 @@ from typing import Any
 
 import bench_servers
 import pytest
+from conftest import peak_rss
 
 import memreclaim
 from memreclaim.integrations.asgi import WatchdogMiddleware, watchdog_lifespan
@@ -124,16 +125,6 @@ RAW_ASGI_APP = SPIKE + textwrap.dedent(
 
 def get(port: int, path: str) -> dict[str, Any]:
     return bench_servers.get(port, path, timeout=60)
-
-
-def peak_rss(pid: int) -> int:
-    """VmHWM: the worker's high-water mark, which proves the spike happened even if a trimmer
-    thread already gave part of it back while the request was still running."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
 
 
 def rss(pid: int) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import peak_rss
 
 import memreclaim
 
@@ -31,15 +32,6 @@ pytestmark = [
     pytest.mark.timeout(300),
     pytest.mark.skipif(memreclaim.allocator() != "glibc", reason="the retained shape is glibc's"),
 ]
-
-
-def peak_rss(pid: int) -> int:
-    """VmHWM: the worker's peak resident size (the burst may be trimmed before we look)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import peak_rss
 
 import memreclaim
 
@@ -75,13 +76,6 @@ def children(pid: int) -> list[int]:
     return sorted(found)
 
 
-def peak_rss(pid: int) -> int:
-    """VmHWM: the process's peak resident size."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
 
 
 def wait_for_workers(master: int, count: int, log: Path) -> list[int]:
