@@ -123,8 +123,11 @@ def test_demo_buffers_shows_the_retention_of_seed_004() -> None:
     assert result["traced"] is False  # traced, the shape retains nothing: no seed 004 to show
     assert p["peak"]["rss"] - p["baseline"]["rss"] > 20 * MiB
     # the adaptive mmap threshold put later buffers on the heap: freed, their pages stay...
+    # How many stay depends on the heap's layout, which the environment's size alone shifts
+    # (the same run kept 10, 31, 39 and 52 MiB in four environments on one machine: glibc trims
+    # the top by itself on a free when no survivor sits above it): some, not a fixed amount.
     held = p["after free"]["rss"] - p["baseline"]["rss"]
-    assert held > 20 * MiB
+    assert held > 5 * MiB
     # ... until a trim gives most of them back: retention, not a leak
     assert p["after trim"]["rss"] - p["baseline"]["rss"] < 0.25 * held
     assert result["verdict"] == "retained"
