@@ -625,3 +625,68 @@ def test_top_sites_leave_out_memreclaim_and_tracemalloc_but_not_the_workloads() 
     ]
     # A stack leaves memreclaim's own frames out.
     assert sites[2].traceback == (f"{user}:13",), sites[2]
+
+
+def test_mimalloc_purge_delay_is_held_at_zero_from_snapshot_to_diagnosis() -> None:
+    """Under mimalloc a snapshot holds the purge delay at 0 (a freed page goes back when freed,
+    not on a timer between two readings) and every way out puts the previous one back: diagnose,
+    close, a snapshot that failed; a delay someone set meanwhile is kept."""
+    lib = str(allocator_lib("mimalloc"))
+    r = _RUN[0](
+        """
+        import memreclaim
+        from memreclaim import diagnosis
+        from memreclaim.diagnosis import diagnose, snapshot
+        memreclaim.set_purge_delay(40)
+        snap = snapshot()
+        during = memreclaim.set_purge_delay(0)   # what the snapshot holds (set back to 0)
+        diagnose(snap)
+        after_diagnose = memreclaim.set_purge_delay(40)
+        snapshot(trace=False).close()
+        after_close = memreclaim.set_purge_delay(40)
+        snap = snapshot(trace=False)
+        memreclaim.set_purge_delay(7)            # someone else's delay, set meanwhile
+        diagnose(snap)
+        theirs = memreclaim.set_purge_delay(40)
+        real = diagnosis._point
+        def broken(*args, **kwargs):
+            raise OSError(5, "unreadable")
+        diagnosis._point = broken
+        try:
+            snapshot(trace=False)
+            failed = None
+        except OSError as e:
+            failed = str(e)
+        diagnosis._point = real
+        after_failure = memreclaim.set_purge_delay(40)
+        emit(during=during, after_diagnose=after_diagnose, after_close=after_close,
+             theirs=theirs, failed=failed, after_failure=after_failure)
+        """,
+        env={"LD_PRELOAD": lib},
+        timeout=300,
+    )
+    assert r["during"] == 0
+    assert r["after_diagnose"] == r["after_close"] == r["after_failure"] == 40, r
+    assert r["theirs"] == 7
+    assert r["failed"] == "[Errno 5] unreadable"
+
+
+def test_mimalloc_purge_delay_that_cannot_be_held_is_said_in_the_notes() -> None:
+    lib = str(allocator_lib("mimalloc"))
+    r = run_report(
+        """
+        from memreclaim import UnsupportedAllocatorError
+        from memreclaim.diagnosis import _mimalloc
+        class Core:
+            def __getattr__(self, name):
+                return getattr(real, name)
+            def set_purge_delay(self, ms):
+                raise UnsupportedAllocatorError("this mimalloc is not known")
+        real = _mimalloc._core
+        _mimalloc._core = Core()
+        report = measure(lambda: None, repeat=2, warmup=0, trace=False)
+        """,
+        env={"LD_PRELOAD": lib},
+    )
+    held = [n for n in r["notes"] if "purge delay could not be held at 0" in n]
+    assert held and "this mimalloc is not known" in held[0], r["notes"]

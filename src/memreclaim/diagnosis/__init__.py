@@ -33,7 +33,12 @@ excluded when there are two or more: it may fill a cache) times the number of it
 the threshold, and the growth has not come back down at the end (intermittent growth -- every
 third call -- counts; a transient does not). The threshold of each component is the larger of
 ``noise_floor`` and 8 times that component's jitter, measured by reading it twice before the
-first iteration. Growth that is not steady is reported as ``one_time`` (caches).
+first iteration. Growth that is not steady is reported as ``one_time`` (caches). Under mimalloc
+the purge delay is held at 0 from the snapshot to the diagnosis (and put back after, on every
+path): a freed page then goes back when it is freed, not on mimalloc's timer between two
+readings, which under load moved RSS by up to 8 MiB between readings taken back to back and so
+raised the thresholds over a leak of 2 MiB per run. The measured runs pay an ``madvise`` per page
+freed (``docs/benchmarks/knob-cost.md``); the report's cost line includes it.
 
 After the last iteration the engine trims (:func:`memreclaim.trim`) and splits what stayed
 resident: **allocator retention** (given back by the trim, or held in glibc thread-arena tops that
@@ -192,17 +197,23 @@ class Snapshot:
     _tracemalloc: tracemalloc.Snapshot | None = field(default=None, repr=False)
     _ntraces: int = 0
     _sampler: _OwnPeak | None = field(default=None, repr=False)
+    _hold: _mimalloc.PurgeHold | None = field(default=None, repr=False)
     _used: bool = False
     _clock: float = field(default_factory=time.perf_counter, repr=False)
 
     def __del__(self) -> None:
         if self._sampler is not None:  # an abandoned snapshot must not leave its thread polling
             self._sampler.cancel()
+        if self._hold is not None:  # nor mimalloc's purge delay at 0
+            self._hold.release()
 
     def close(self) -> None:
-        """Stop the sampler thread, and tracemalloc if this snapshot started it (idempotent)."""
+        """Stop the sampler thread, put mimalloc's purge delay back, and stop tracemalloc if this
+        snapshot started it (idempotent)."""
         if self._sampler is not None:
             self._sampler.stop()
+        if self._hold is not None:
+            self._hold.release()
         if self.started_tracing and not self._used and tracemalloc.is_tracing():
             tracemalloc.stop()
         self._used = True
@@ -230,7 +241,9 @@ def snapshot(
         trim_first: trim the allocator first, so the trim at diagnosis returns only what the
             measured code left behind.
 
-    If anything fails, tracemalloc is left as it was found.
+    Under mimalloc the purge delay is held at 0 until :func:`diagnose` or
+    :meth:`Snapshot.close` (see the module docstring); if it cannot be, the report says why in
+    its notes. If anything fails, tracemalloc and the delay are left as they were found.
 
     Raises:
         TypeError, ValueError: for a non-int or out-of-range ``frames``.
@@ -242,8 +255,11 @@ def snapshot(
     _validate.flag("trim_first", trim_first)
     started = False
     sampler: _OwnPeak | None = None
+    hold: _mimalloc.PurgeHold | None = None
     try:
         alloc = allocator()
+        # mimalloc: freed pages go back when freed, not on a timer between two readings
+        hold = _mimalloc.PurgeHold() if alloc == "mimalloc" else None
         if trace and not tracemalloc.is_tracing():
             tracemalloc.start(frames)
             started = True
@@ -269,10 +285,13 @@ def snapshot(
             _tracemalloc=tm_snap,
             _ntraces=len(tm_snap.traces) if tm_snap is not None else 0,
             _sampler=sampler,
+            _hold=hold,
         )
     except BaseException:
         if sampler is not None:
             sampler.stop()
+        if hold is not None:
+            hold.release()
         if started and tracemalloc.is_tracing():
             tracemalloc.stop()
         raise
@@ -400,6 +419,8 @@ def _diagnose(before: Snapshot, iterations: int | None, floor: int, top: int) ->
         own_peak=own_peak,
         new_traces=ntraces - before._ntraces,
     )
+    if before._hold is not None and before._hold.note is not None:
+        ctx.notes.append(before._hold.note)
     verdict = judge(ctx)
     sites: tuple[AllocationSite, ...] = ()
     if tm_after is not None and before._tracemalloc is not None:
