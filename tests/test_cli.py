@@ -122,16 +122,19 @@ def test_demo_buffers_shows_the_retention_of_seed_004() -> None:
     p = phases(result)
     assert result["traced"] is False  # traced, the shape retains nothing: no seed 004 to show
     assert p["peak"]["rss"] - p["baseline"]["rss"] > 20 * MiB
-    # the adaptive mmap threshold put later buffers on the heap: freed, their pages stay...
-    # How many stay depends on the heap's layout, which the environment's size alone shifts
-    # (the same run kept 10, 31, 39 and 52 MiB in four environments on one machine: glibc trims
-    # the top by itself on a free when no survivor sits above it): some, not a fixed amount.
+    # Seed 004's mechanism: the adaptive mmap threshold put later buffers on the heap (mallinfo's
+    # in-use bytes at the peak), where they were mmapped at first. This does not depend on the
+    # heap's layout; what RSS keeps after the free does: the same run kept 0.9 (CI), 10, 27, 31,
+    # 39, 52 and 57 MiB in environments that differ only in their size or sys.path (glibc trims
+    # the top by itself on a free when no survivor sits above it).
+    assert p["peak"]["heap_in_use"] - p["baseline"]["heap_in_use"] > 20 * MiB, p
     held = p["after free"]["rss"] - p["baseline"]["rss"]
-    assert held > 5 * MiB
-    # ... until a trim gives most of them back: retention, not a leak
-    assert p["after trim"]["rss"] - p["baseline"]["rss"] < 0.25 * held
-    assert result["verdict"] == "retained"
-    assert result["diagnosis"]["kind"] == "allocator_retention"
+    trimmed = p["after trim"]["rss"] - p["baseline"]["rss"]
+    # whatever stayed, a trim gives most of it back: retention, not a leak
+    assert trimmed < max(0.25 * held, 4 * MiB), p
+    if held > 8 * MiB:  # enough kept to judge (CI once kept 0.9 MiB: then only the above holds)
+        assert result["verdict"] == "retained"
+        assert result["diagnosis"]["kind"] == "allocator_retention"
 
 
 def test_demo_buffers_traced_on_request() -> None:
