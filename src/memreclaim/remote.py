@@ -37,7 +37,6 @@ import atexit
 import contextlib
 import errno
 import json
-
 import logging
 import math
 import os
@@ -703,7 +702,7 @@ def _via_signal(pid: int, command: str, pools: bool, timeout: float) -> dict[str
             f"process {pid} has no memreclaim signal handler (no handler.json of its user:"
             " call memreclaim.install_signal_handler() in the service)"
         )
-    directory, dir_fd, marker, uid = found
+    _, dir_fd, marker, uid = found
     nonce = secrets.token_hex(16)
     request_name = f"request-{nonce}.json"
     try:
