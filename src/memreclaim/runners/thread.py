@@ -113,8 +113,15 @@ class BackgroundTrimmer(_Runner, StartStop):
         """
 
         def setup(stop_event: threading.Event) -> tuple[Callable[[], None], Callable[[], None]]:
-            self._reset_policy()
+            # What can fail first: a start that raises has set no allocator knob.
             wakeups = self._wakeups = self._open_wakeups()
+            try:
+                self._reset_policy()  # glibc's thresholds are bounded here
+            except BaseException:
+                self._wakeups = None
+                if wakeups is not None:
+                    wakeups.close()
+                raise
 
             def cleanup() -> None:
                 self._wakeups = None
