@@ -29,11 +29,11 @@ import base64
 import binascii
 import contextlib
 import errno
+import logging
 import os
 import select
 import socket
 import stat
-import logging
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
