@@ -15,7 +15,6 @@ import pytest
 
 import memreclaim
 from memreclaim import _validate
-from memreclaim._daemon import TIMEOUT_MAX
 
 
 def test_a_tiny_interval_is_refused() -> None:
@@ -38,7 +37,6 @@ def test_stop_with_a_huge_timeout_does_not_overflow() -> None:
     assert trimmer.running
     assert trimmer.stop(timeout=1e300) is True
     assert not trimmer.running
-    assert TIMEOUT_MAX <= 1e9
 
 
 def test_a_start_that_fails_sets_no_allocator_knob(
@@ -101,22 +99,22 @@ def test_the_start_up_hook_does_nothing_under_isolated_or_ignore_environment(fla
     # the entry point itself says no too (a .pth of an older install may still call it)
     from memreclaim.runners import autostart
 
+    src = os.path.dirname(os.path.dirname(os.path.dirname(autostart.__file__)))
     probe = subprocess.run(
         [
             sys.executable,
             flag,
             "-c",
-            "import sys; sys.path[:0] = ["
-            + repr(os.path.dirname(os.path.dirname(autostart.__file__)))
-            + "]\n"
-            "from memreclaim.runners import autostart\nprint(autostart.from_environment())",
+            f"import sys; sys.path[:0] = [{src!r}]\n"
+            "from memreclaim.runners import autostart\n"
+            "print(autostart.__file__.startswith(sys.path[0]), autostart.from_environment())",
         ],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert probe.stdout.strip() == "None", probe.stderr
+    assert probe.stdout.strip() == "True None", (probe.stdout, probe.stderr)
 
 
 def test_run_dev_null_says_what_it_is(tmp_path: Any) -> None:
