@@ -107,7 +107,7 @@ def _candidates(pid: int, uid: int) -> list[str]:
         found += [
             os.path.join(base, n)
             for n in sorted(names)
-            if n == prefix or (n.startswith(prefix + "-") and "cli" not in n)
+            if n == prefix or n.startswith(prefix + "-")
         ]
     return found
 
