@@ -101,11 +101,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def as_user(user: User | None, code: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter as ``user`` (None: as root), to completion."""
+def as_user(
+    user: User | None, code: str, *argv: str, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (with ``argv``) in a fresh interpreter as ``user`` (None: as root), to
+    completion."""
     ids: dict[str, Any] = {} if user is None else {"user": user.uid, "group": user.gid}
     return subprocess.run(
-        [sys.executable if user is None else user.python, "-c", code],
+        [sys.executable if user is None else user.python, "-c", code, *argv],
         capture_output=True,
         text=True,
         timeout=120,
@@ -378,21 +381,11 @@ def test_malformed_markers_are_one_line(
     directory = _plant(attacker, target.pid, None, raw="{}", mode=0o700)
     cleanup.append(directory)
     for i, text in enumerate(cases):
-        done = subprocess.run(  # the target's own user writes its marker (root never does)
-            [
-                attacker.python,
-                "-c",
-                "import sys; open(sys.argv[1], 'w').write(sys.stdin.read())",
-                f"{directory}/handler.json",
-            ],
+        done = as_user(  # the target's own user writes its marker (root never does)
+            attacker,
+            "import sys; open(sys.argv[1], 'w').write(sys.stdin.read())",
+            f"{directory}/handler.json",
             input=text,
-            user=attacker.uid,
-            group=attacker.gid,
-            extra_groups=[],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/tmp",
         )
         assert done.returncode == 0, done.stderr
         if i < len(MALFORMED) + 1:  # the issue's six through the command line
@@ -447,16 +440,7 @@ def test_remote_exec_script_is_out_of_the_target_users_reach(
         assert pid == target.pid
         st = os.lstat(path)
         assert stat_ok(st), f"script {oct(st.st_mode)} uid {st.st_uid}"
-        attack = subprocess.run(
-            [attacker.python, "-c", ATTACK_WORKDIR, path, str(secret)],
-            user=attacker.uid,
-            group=attacker.gid,
-            extra_groups=[],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/tmp",
-        )
+        attack = as_user(attacker, ATTACK_WORKDIR, path, str(secret))
         tries.extend(attack.stdout.split())
         target.do(f"exec {path}")
 
