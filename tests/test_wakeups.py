@@ -298,3 +298,35 @@ def test_a_daemon_that_closes_and_reuses_descriptors(
     assert out["stderr"].count("wake-ups stopped") == 1, out["stderr"]
     for i in range(32):
         assert (tmp_path / f"own{i}").read_bytes() == b"", f"bytes written into file {i}"
+
+
+def test_a_lost_epoll_is_said_once_and_never_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30: the program took over the epoll's and the eventfd's numbers (a readable pipe,
+    a file of its own). ``fileno()`` is -1 from then on (an event loop's ``add_reader`` refuses
+    it, so the Watchdog sleeps its timer instead of waking at once forever), a poke writes
+    nothing into the program's file, and nothing of the program's is closed; said once."""
+    wakeups = Wakeups([])
+    ep, poke = wakeups.fileno(), wakeups._poke
+    keep = (os.dup(ep), os.dup(poke))  # what the program would have closed
+    r, w = os.pipe()
+    os.write(w, b"x")  # readable: the old code's add_reader woke at once, every time
+    own = os.open(tmp_path / "own", os.O_RDWR | os.O_CREAT, 0o600)
+    os.dup2(r, ep)
+    os.dup2(own, poke)
+    try:
+        with caplog.at_level("WARNING", logger="memreclaim.wakeups"):
+            assert wakeups.fileno() == -1
+            wakeups.poke()
+            assert wakeups.wait(0.01) == []
+            assert wakeups.fileno() == -1
+            wakeups.close()
+        assert (tmp_path / "own").read_bytes() == b""
+        os.fstat(ep)  # still the program's: not closed
+        os.fstat(poke)
+        assert sum("wake-ups stopped" in r.getMessage() for r in caplog.records) == 1
+        assert sum("wake-ups stopped" in n for n in wakeups.notes) == 1
+    finally:
+        for fd in (*keep, r, w, own, ep, poke):
+            os.close(fd)

@@ -418,8 +418,14 @@ class Wakeups:
         return tuple(self._sources.values())
 
     def fileno(self) -> int:
-        """The epoll descriptor: readable when a source is ready or :meth:`poke` was called."""
-        return self._epoll.fileno()
+        """The epoll descriptor: readable when a source is ready or :meth:`poke` was called;
+        -1 once the wake-ups stopped (closed, or the program took the descriptor over: an event
+        loop's ``add_reader(-1)`` refuses it and the caller sleeps its timer)."""
+        if self._closed or self._epoll.closed:
+            return -1
+        if self._broken is None and not self._owned():
+            self._break("its epoll or eventfd descriptor was closed or reused by the program")
+        return -1 if self._broken is not None else self._epoll.fileno()
 
     def wait(self, timeout: float | None) -> list[Wake]:
         """Sleep up to ``timeout`` seconds (None: no limit) for a source or a poke; return the
