@@ -20,7 +20,7 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from . import _validate
+from . import _core, _validate
 
 TIMEOUT_MAX = min(threading.TIMEOUT_MAX, 1e9)  # ~31 years: longer waits are clamped to it
 
@@ -57,20 +57,11 @@ def close_owned(fd: int, identity: FdIdentity | None) -> bool:
     return True
 
 
-_abandoned: list[object] = []
-
-
 def abandon(obj: object) -> None:
-    """Keep ``obj`` (an epoll or socket object whose number the program took over) alive for
-    good, so that its finalizer never closes the program's descriptor (not even when the
-    interpreter clears the modules at exit: one extra reference that is never released)."""
-    _abandoned.append(obj)
-    try:
-        import ctypes
-
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
-    except (ImportError, AttributeError, OSError):  # pragma: no cover - no ctypes: the list
-        pass
+    """Keep ``obj`` (an epoll object whose number the program took over) alive for good, so
+    that its finalizer never closes the program's descriptor, not even when the interpreter
+    clears the modules at exit (the C core takes one reference it never releases)."""
+    _core._keep_forever(obj)
 
 
 class DaemonThread:

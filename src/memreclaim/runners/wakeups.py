@@ -287,8 +287,8 @@ class SystemdPressure(WakeSource):
             sock, self._socket = self._socket, None
             if owns_fd(fd, ident):
                 sock.close()
-            else:  # the program took the number over: never close it
-                abandon(sock)
+            else:  # the program took the number over: let go of it, never close it
+                sock.detach()
         else:
             close_owned(fd, ident)
 
