@@ -341,3 +341,21 @@ def test_units() -> None:
             memreclaim.parse_bytes(wrong)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         memreclaim.format_bytes("1")  # type: ignore[arg-type]
+
+
+def test_keep_forever_outlives_the_last_reference_and_checks_its_arguments():
+    # the wake-ups' way to let go of an epoll whose number the program reused: never finalized
+    import weakref
+
+    class Box:
+        pass
+
+    box = Box()
+    ref = weakref.ref(box)
+    assert _core._keep_forever(box) is None
+    del box
+    assert ref() is not None
+    with pytest.raises(TypeError):
+        _core._keep_forever()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _core._keep_forever(1, 2)  # type: ignore[call-arg]

@@ -410,6 +410,15 @@ _FD_REUSE = textwrap.dedent(
         report["rss_over_file"] = memreclaim.rss()
         report["trim_rss_after"] = memreclaim.trim().rss_after
         os.fstat(fd)
+    # And a file of the program's that reads like statm (7 numbers): identity, not content.
+    fd = statm_fd()
+    os.close(fd)
+    with tempfile.TemporaryFile() as fake:
+        fake.write(b"9 2 1 1 0 1 0\\n")
+        fake.flush()
+        os.dup2(fake.fileno(), fd)
+        report["rss_over_statm_like"] = memreclaim.rss()
+        os.fstat(fd)
     report["true_rss"] = true_rss
     print(json.dumps(report))
     """
@@ -425,7 +434,7 @@ def test_statm_descriptor_closed_and_reused_behind_our_back() -> None:
     report = last_json(proc)
     assert report["socket_still_open"] is True
     page = os.sysconf("SC_PAGESIZE")
-    for key in ("rss_over_socket", "rss_over_file", "trim_rss_after"):
+    for key in ("rss_over_socket", "rss_over_file", "trim_rss_after", "rss_over_statm_like"):
         # Within a factor of 4 of the true figure: not the fake file's 2 pages.
         assert report[key] > 2 * page, (key, report)
         assert report["true_rss"] / 4 < report[key] < report["true_rss"] * 4, (key, report)

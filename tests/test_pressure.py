@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_limits import v1_cgroup  # noqa: F401  (a fixture: a fresh cgroup v1, removed after)
@@ -243,3 +244,46 @@ def test_psi_trigger_for_real(v1_cgroup: Path, tmp_path: Path) -> None:  # noqa:
         assert w.stop()
     assert rec.events[0].source == "psi" and rec.events[0].path == source.path
     assert rec.events[0].detail.startswith("trigger 'some ")
+
+
+def test_a_daemon_that_closes_and_reuses_descriptors(
+    run_python: Callable[..., dict[str, Any]], tmp_path: Path
+) -> None:
+    """Issue 30: a program closing the descriptors it had and opening its own files under a
+    running watcher: the watcher stops with one warning, never writes into nor closes the
+    program's files (its wake pipe's numbers now name them)."""
+    events = tmp_path / "memory.events"
+    events.write_text(EVENTS.format(high=1))
+    out = run_python(
+        """
+        import logging, time
+        from memreclaim.pressure import PressureWatcher
+        logging.basicConfig(level=logging.WARNING)
+        w = PressureWatcher(lambda e: None, psi=None, events=EVENTS_PATH, poll_interval=0.05,
+                            min_interval=0)
+        w.start()
+        os.closerange(3, 1024)  # a daemon: close what was inherited, then open its own files
+        fds = [os.open(f"{DIR}/own{i}", os.O_RDWR | os.O_CREAT, 0o600) for i in range(32)]
+        end = time.monotonic() + 60
+        while w.running and time.monotonic() < end:
+            time.sleep(0.01)
+        running = w.running
+        stopped = w.stop(timeout=30)
+        still_open = []
+        for fd in fds:
+            try:
+                os.fstat(fd)
+                still_open.append(fd)
+            except OSError:
+                pass
+        emit(running=running, stopped=stopped, open=len(still_open), notes=list(w.notes))
+        """,
+        params={"DIR": str(tmp_path), "EVENTS_PATH": str(events)},
+        check=False,
+    )
+    assert out["returncode"] == 0, out["stderr"]
+    assert out["running"] is False and out["stopped"] is True, out
+    assert out["open"] == 32, f"the watcher closed {32 - out['open']} of the program's files"
+    assert out["stderr"].count("closed or reused by the program") == 1, out["stderr"]
+    for i in range(32):
+        assert (tmp_path / f"own{i}").read_bytes() == b"", f"bytes written into file {i}"

@@ -213,7 +213,7 @@ def test_install_signal_handler_failure_modes(run_python: Callable[..., dict[str
         memreclaim.install_signal_handler("SIGUSR2")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         memreclaim.install_signal_handler(True)
-    for bad in (0, 4096, signal.SIGKILL, signal.SIGSTOP):
+    for bad in (0, 4096, signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGTERM, 9):
         with pytest.raises(ValueError):
             memreclaim.install_signal_handler(bad)
     errors: list[BaseException] = []

@@ -10,8 +10,9 @@ import os
 import select
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -247,3 +248,85 @@ def test_a_forked_child_closes_its_copy() -> None:
     os.eventfd_write(source.fileno(), 1)
     assert wakeups.wait(DEADLINE) == [Wake("test", "eventfd", "count 1")]
     wakeups.close()
+
+
+def test_a_daemon_that_closes_and_reuses_descriptors(
+    run_python: Callable[..., dict[str, Any]], fifo: Path, tmp_path: Path
+) -> None:
+    """Issue 30: under $MEMORY_PRESSURE_WATCH, a program that closed the descriptors it had and
+    opened its own files made the wake-up thread spin (the epoll's errors swallowed: every
+    wait() returned at once) and the eventfd poke at exit wrote 8 bytes into its file. Now the
+    wake-ups stop with one warning and the runner sleeps on its timer: counted, of the waits
+    after the descriptors were lost, at most the one that saw it returns before its timeout;
+    and no byte lands in the program's files (checked after the process exited)."""
+    out = run_python(
+        """
+        import logging, time
+        from memreclaim.runners.wakeups import Wakeups
+        logging.basicConfig(level=logging.WARNING)
+        calls = []
+        real = Wakeups.wait
+        def counted(self, timeout):
+            began = time.monotonic()
+            woken = real(self, timeout)
+            calls.append([timeout, time.monotonic() - began, bool(woken)])
+            return woken
+        Wakeups.wait = counted
+        trimmer = memreclaim.BackgroundTrimmer(interval=0.05, limit=None, wake_on=("systemd",))
+        trimmer.start()
+        end = time.monotonic() + 60
+        while not calls and time.monotonic() < end:
+            time.sleep(0.01)
+        os.closerange(3, 1024)  # a daemon: close what was inherited, then open its own files
+        fds = [os.open(f"{DIR}/own{i}", os.O_RDWR | os.O_CREAT, 0o600) for i in range(32)]
+        seen = len(calls)
+        end = time.monotonic() + 60
+        while len(calls) < seen + 12 and time.monotonic() < end:
+            time.sleep(0.01)
+        after = calls[seen + 1 : seen + 12]  # the first may be the one asleep at the close
+        early = [c for c in after if c[1] < c[0] / 2 and not c[2]]
+        emit(after=len(after), early=len(early), stopped=trimmer.stop(timeout=30))
+        """,
+        env={"MEMORY_PRESSURE_WATCH": str(fifo)},
+        params={"DIR": str(tmp_path)},
+        check=False,
+    )
+    assert out["returncode"] == 0, out["stderr"]
+    assert out["after"] == 11, out
+    assert out["early"] <= 1, out
+    assert out["stopped"] is True
+    assert out["stderr"].count("wake-ups stopped") == 1, out["stderr"]
+    for i in range(32):
+        assert (tmp_path / f"own{i}").read_bytes() == b"", f"bytes written into file {i}"
+
+
+def test_a_lost_epoll_is_said_once_and_never_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30: the program took over the epoll's and the eventfd's numbers (a readable pipe,
+    a file of its own). ``fileno()`` is -1 from then on (an event loop's ``add_reader`` refuses
+    it, so the Watchdog sleeps its timer instead of waking at once forever), a poke writes
+    nothing into the program's file, and nothing of the program's is closed; said once."""
+    wakeups = Wakeups([])
+    ep, poke = wakeups.fileno(), wakeups._poke
+    keep = (os.dup(ep), os.dup(poke))  # what the program would have closed
+    r, w = os.pipe()
+    os.write(w, b"x")  # readable: the old code's add_reader woke at once, every time
+    own = os.open(tmp_path / "own", os.O_RDWR | os.O_CREAT, 0o600)
+    os.dup2(r, ep)
+    os.dup2(own, poke)
+    try:
+        with caplog.at_level("WARNING", logger="memreclaim.wakeups"):
+            assert wakeups.fileno() == -1
+            wakeups.poke()
+            assert wakeups.wait(0.01) == []
+            assert wakeups.fileno() == -1
+            wakeups.close()
+        assert (tmp_path / "own").read_bytes() == b""
+        os.fstat(ep)  # still the program's: not closed
+        os.fstat(poke)
+        assert sum("wake-ups stopped" in r.getMessage() for r in caplog.records) == 1
+        assert sum("wake-ups stopped" in n for n in wakeups.notes) == 1
+    finally:
+        for fd in (*keep, r, w, own, ep, poke):
+            os.close(fd)

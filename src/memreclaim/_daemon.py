@@ -3,6 +3,13 @@ start, fork, interpreter exit): :class:`DaemonThread`, used by the runners' thre
 (:class:`~memreclaim.runners.thread.BackgroundTrimmer`,
 :class:`~memreclaim.runners.pressure.PressureWatcher`) and the remote handler
 (:mod:`memreclaim.remote`). Private: its users are the package's own layers above.
+
+The descriptors such threads keep open (an eventfd, an epoll, a pipe, a PSI trigger) can be
+closed under them by the program (a daemon closing what it inherited) and the number reused for
+one of its own files: :func:`fd_identity` records what a descriptor is when opened,
+:func:`owns_fd` tells whether the number is still that, and :func:`close_owned` closes it only
+then. Limit: eventfds (and epolls) share one anonymous inode, so another eventfd the program
+opened at the same number is not told apart.
 """
 
 from __future__ import annotations
@@ -13,9 +20,48 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from . import _validate
+from . import _core, _validate
 
-__all__ = ["DaemonThread"]
+TIMEOUT_MAX = min(threading.TIMEOUT_MAX, 1e9)  # ~31 years: longer waits are clamped to it
+
+__all__ = ["DaemonThread", "FdIdentity", "abandon", "close_owned", "fd_identity", "owns_fd"]
+
+FdIdentity = tuple[int, int, int]
+
+
+def fd_identity(fd: int) -> FdIdentity | None:
+    """What descriptor ``fd`` is: (st_dev, st_ino, file type), None when it is closed (or -1)."""
+    if fd < 0:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mode & 0o170000
+
+
+def owns_fd(fd: int, identity: FdIdentity | None) -> bool:
+    """True when ``fd`` is still the file ``identity`` (from :func:`fd_identity`) recorded."""
+    return identity is not None and fd >= 0 and fd_identity(fd) == identity
+
+
+def close_owned(fd: int, identity: FdIdentity | None) -> bool:
+    """Close ``fd`` if it is still ours (``identity``); never a number the program reused.
+    True when it was closed."""
+    if not owns_fd(fd, identity):
+        return False
+    try:
+        os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
+def abandon(obj: object) -> None:
+    """Keep ``obj`` (an epoll object whose number the program took over) alive for good, so
+    that its finalizer never closes the program's descriptor, not even when the interpreter
+    clears the modules at exit (the C core takes one reference it never releases)."""
+    _core._keep_forever(obj)
 
 
 class DaemonThread:
@@ -112,8 +158,8 @@ class DaemonThread:
         Raises:
             TypeError, ValueError: a ``timeout`` that is not a number of seconds >= 0 or None.
         """
-        if timeout is not None:
-            timeout = _validate.seconds("timeout", timeout, allow_zero=True)
+        if timeout is not None:  # beyond threading.TIMEOUT_MAX: wait that long (no overflow)
+            timeout = min(_validate.seconds("timeout", timeout, allow_zero=True), TIMEOUT_MAX)
         with self._control:
             thread = self._thread
             if thread is None or self._pid != os.getpid() or thread.ident is None:

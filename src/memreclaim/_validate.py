@@ -18,10 +18,20 @@ __all__ = ["callback", "flag", "fraction", "instance", "integer", "seconds", "si
 _T = TypeVar("_T")
 
 
+MIN_INTERVAL = 0.001
+"""The shortest interval a runner accepts (1 ms): below it a runner would only busy-loop."""
+
+
 def seconds(
-    name: str, value: object, *, allow_zero: bool = False, maximum: float | None = None
+    name: str,
+    value: object,
+    *,
+    allow_zero: bool = False,
+    minimum: float | None = None,
+    maximum: float | None = None,
 ) -> float:
-    """A finite duration in seconds (> 0, or >= 0 with ``allow_zero``), at most ``maximum``."""
+    """A finite duration in seconds (> 0, or >= 0 with ``allow_zero``), at least ``minimum``
+    (when not 0) and at most ``maximum``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(
             f"{name} must be a number of seconds (int or float), not {type(value).__name__}"
@@ -32,6 +42,8 @@ def seconds(
     if result < 0 or (result == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
+    if minimum is not None and 0 < result < minimum:
+        raise ValueError(f"{name} must be at least {minimum:g} seconds, got {value!r}")
     if maximum is not None and result > maximum:
         raise ValueError(f"{name} must be at most {maximum:g} seconds, got {value!r}")
     return result

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from . import _validate
+from ._daemon import close_owned, fd_identity, owns_fd
 
 __all__ = [
     "UNLIMITED",
@@ -417,6 +418,9 @@ class UsageAlarm:
         except BaseException:
             os.close(self._efd)
             raise
+        # A program that closes inherited descriptors may reuse the number: never poke into or
+        # close its file (see memreclaim._daemon.owns_fd).
+        self._ident = fd_identity(self._efd)
 
     def fileno(self) -> int:
         """The eventfd (readable once the threshold was crossed), or -1 once closed."""
@@ -428,7 +432,7 @@ class UsageAlarm:
         Consumes the notification. Returns False at once when the alarm is closed.
         """
         fd = self._efd
-        if fd < 0:
+        if not owns_fd(fd, self._ident):
             return False
         try:
             ready, _, _ = select.select([fd], [], [], max(0.0, timeout))
@@ -438,7 +442,7 @@ class UsageAlarm:
 
     def _drain(self) -> bool:
         with self._lock:
-            if self._efd < 0:
+            if not owns_fd(self._efd, self._ident):
                 return False
             try:
                 os.eventfd_read(self._efd)
@@ -449,21 +453,20 @@ class UsageAlarm:
     def poke(self) -> None:
         """Make :meth:`wait` return now (a stopping runner wakes its thread); no-op once closed."""
         with self._lock:
-            _eventfd_poke(self._efd)
+            if owns_fd(self._efd, self._ident):
+                _eventfd_poke(self._efd)
 
     def close(self) -> None:
-        """Unregister (close the eventfd); idempotent."""
+        """Unregister (close the eventfd, unless the program reused its number); idempotent."""
         with self._lock:
             fd, self._efd = self._efd, -1
-        if fd >= 0:
-            os.close(fd)
+        close_owned(fd, self._ident)
 
     def _forget_after_fork(self) -> None:
         """In a forked child: close this copy of the eventfd without the (maybe held) lock."""
         fd, self._efd = self._efd, -1
         self._lock = threading.Lock()
-        if fd >= 0:
-            os.close(fd)
+        close_owned(fd, self._ident)
 
     def __repr__(self) -> str:
         state = "closed" if self._efd < 0 else f"fd {self._efd}"

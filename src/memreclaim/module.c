@@ -433,11 +433,25 @@ static PyObject *core_allocator_version(PyObject *Py_UNUSED(module), PyObject *P
     return PyUnicode_FromString(version);
 }
 
+PyDoc_STRVAR(keep_forever_doc,
+             "_keep_forever(obj, /) -> None\n\n"
+             "Take one reference to obj that is never released, so that it outlives the\n"
+             "interpreter's teardown: its finalizer never runs. For an epoll or socket object\n"
+             "whose descriptor number the program closed under us and reused for a file of its\n"
+             "own (closing ours would close the program's).");
+
+static PyObject *core_keep_forever(PyObject *Py_UNUSED(module), PyObject *obj)
+{
+    Py_INCREF(obj); /* deliberately never released: see the docstring */
+    Py_RETURN_NONE;
+}
+
 /* ---- module ---------------------------------------------------------------------------------- */
 
 static PyMethodDef core_methods[] = {
     {"allocator", core_allocator, METH_NOARGS, allocator_doc},
     {"allocator_version", core_allocator_version, METH_NOARGS, allocator_version_doc},
+    {"_keep_forever", core_keep_forever, METH_O, keep_forever_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -162,32 +162,26 @@ static int statm_read_locked(mr_statm *statm, unsigned long generation, mr_rss_s
     if (statm->fd >= 0 && (statm->generation != generation || generation == 0)) {
         statm_close_locked(statm);
     }
-    /* Twice at most: the program may have closed our descriptor and reused its number, which
-     * shows as a failed read or as something that is not statm. Only then is the descriptor's
-     * identity checked, so the usual read costs one pread. */
-    for (int attempt = 0; attempt < 2; attempt++) {
-        ssize_t n;
-        if (statm->fd < 0 && (err = statm_open(statm, generation)) != 0) {
-            return err;
-        }
-        do {
-            n = pread(statm->fd, buf, sizeof(buf), 0);
-        } while (n < 0 && errno == EINTR);
-        if (n >= 0 && parse_statm(buf, n, fields) == 0) {
-            err = 0;
-            break;
-        }
-        err = n < 0 ? errno : EIO;
-        if (statm_is_ours(statm)) {
-            if (n < 0) {
-                (void)close(statm->fd);
-                statm->fd = -1;
-            }
-            return err;
-        }
-        statm->fd = -1; /* not ours any more: forget it (never close it), open ours again */
+    /* The program may have closed our descriptor and reused its number (a daemon closing what
+     * it inherited), even for a file that reads like statm: the descriptor's identity is checked
+     * (one fstat) before every read. Not ours any more: forget it (never close it), open ours
+     * again. */
+    if (statm->fd >= 0 && !statm_is_ours(statm)) {
+        statm->fd = -1;
     }
-    if (err != 0) {
+    if (statm->fd < 0 && (err = statm_open(statm, generation)) != 0) {
+        return err;
+    }
+    ssize_t n;
+    do {
+        n = pread(statm->fd, buf, sizeof(buf), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 || parse_statm(buf, n, fields) != 0) {
+        err = n < 0 ? errno : EIO;
+        if (n < 0) {
+            (void)close(statm->fd);
+            statm->fd = -1;
+        }
         return err;
     }
     out->resident = (int64_t)fields[1] * page_size;

@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import os
 import runpy
+import stat
 import sys
 import time
 
@@ -31,6 +32,31 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_script(script: str) -> None:
+    """What ``runpy.run_path`` can run: a readable file, or a directory (or zip) with a
+    ``__main__.py``; else a CliError saying what ``script`` is."""
+    try:
+        mode = os.stat(script).st_mode
+    except FileNotFoundError:
+        raise CliError(f"cannot run {script!r}: no such file") from None
+    except OSError as exc:
+        raise CliError(f"cannot run {script!r}: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        if not os.path.isfile(os.path.join(script, "__main__.py")):
+            raise CliError(f"cannot run {script!r}: a directory without __main__.py")
+        return
+    if not stat.S_ISREG(mode):
+        kind = {
+            stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device",
+            stat.S_IFIFO: "a FIFO",
+            stat.S_IFSOCK: "a socket",
+        }.get(stat.S_IFMT(mode), "not a regular file")
+        raise CliError(f"cannot run {script!r}: it is {kind}, not a Python script")
+    if not os.access(script, os.R_OK):
+        raise CliError(f"cannot run {script!r}: permission denied")
 
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -60,8 +86,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if not argv:
             parser.error("run: give a script (run -- script.py args) or a module (run -m mod)")
         script = argv[0]
-        if not os.path.isfile(script):
-            raise CliError(f"cannot run {script!r}: no such file")
+        _check_script(script)
         sys.argv = argv
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     else:

@@ -364,7 +364,9 @@ class _Runner:
         name: str,
         wake_on: Iterable[str],
     ) -> None:
-        self._interval = _validate.seconds("interval", interval, maximum=MAX_INTERVAL)
+        self._interval = _validate.seconds(
+            "interval", interval, minimum=_validate.MIN_INTERVAL, maximum=MAX_INTERVAL
+        )
         self._policy = _make_policy(policy, slack, min_interval, limit)
         if thresholds is not None:
             _validate.flag("thresholds", thresholds)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -314,7 +315,12 @@ def from_environment() -> BackgroundTrimmer | None:
     RuntimeWarning naming the variable, and nothing starts. The settings stay in the
     environment as they were, so spawned interpreters read them too. Returns the trimmer, or
     None.
+
+    Under ``python -I`` or ``-E`` (``sys.flags.isolated`` / ``ignore_environment``) it does
+    nothing: the interpreter was asked to ignore its environment, ``MEMRECLAIM`` included.
     """
+    if sys.flags.isolated or sys.flags.ignore_environment:
+        return None
     try:
         settings = settings_from_environment()
     except ValueError as exc:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import _deprecated, _validate
-from .._daemon import DaemonThread
+from .._daemon import DaemonThread, FdIdentity, close_owned, fd_identity, owns_fd
 from ..memlimits import _read
 from . import wakeups
 from ._base import StartStop
@@ -133,6 +133,7 @@ class PressureWatcher(StartStop):
         self._name = _validate.instance("name", name, str)
         self._worker = DaemonThread("PressureWatcher", self._name, wake=self._wake)
         self._wake_w = -1
+        self._wake_ident: FdIdentity | None = None
         self._sources: tuple[wakeups.PressureSource, ...] = ()
         self._notes: list[str] = []
         self.fired = 0
@@ -182,13 +183,15 @@ class PressureWatcher(StartStop):
                     " cgroup's memory.pressure) nor a cgroup v2 memory.events is available",
                 )
             wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._wake_ident = fd_identity(self._wake_w)
+            r_ident = fd_identity(wake_r)
 
             def cleanup() -> None:
                 self._close_fds(opened)
-                os.close(wake_r)
+                close_owned(wake_r, r_ident)
                 self._close_wake()
 
-            return (lambda: self._run(opened, wake_r)), cleanup
+            return (lambda: self._run(opened, wake_r, r_ident)), cleanup
 
         self._worker.start(setup)
 
@@ -203,13 +206,12 @@ class PressureWatcher(StartStop):
         return self._worker.stop(timeout, stopped=self._close_wake)
 
     def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        if owns_fd(self._wake_w, self._wake_ident):  # never a byte into the program's file
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
 
     def _close_wake(self) -> None:
-        if self._wake_w >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._wake_w)
+        close_owned(self._wake_w, self._wake_ident)
         self._wake_w = -1
 
     # ---------------------------------------------------------------------------------------
@@ -273,7 +275,16 @@ class PressureWatcher(StartStop):
     # ---------------------------------------------------------------------------------------
     # the thread
 
-    def _run(self, opened: list[_Source], wake_r: int) -> None:
+    def _lost(self, opened: list[_Source], wake_r: int, r_ident: FdIdentity | None) -> bool:
+        """True (and one warning) when the program closed or reused one of our descriptors."""
+        if owns_fd(wake_r, r_ident) and all(s.wake is None or s.wake.owned() for s in opened):
+            return False
+        why = "a descriptor of the watcher was closed or reused by the program"
+        self._notes.append(f"{why}: the watcher stopped")
+        log.warning("memreclaim pressure watcher: %s: it stops (start it again)", why)
+        return True
+
+    def _run(self, opened: list[_Source], wake_r: int, r_ident: FdIdentity | None) -> None:
         poller = select.poll()
         poller.register(wake_r, select.POLLIN)
         by_fd = {}
@@ -289,6 +300,8 @@ class PressureWatcher(StartStop):
                     ready = poller.poll(timeout_ms)
                 except InterruptedError:  # pragma: no cover - PEP 475 retries
                     continue
+                if self._lost(opened, wake_r, r_ident):
+                    return
                 if any(fd == wake_r for fd, _ in ready):
                     return
                 for fd, mask in ready:
@@ -311,8 +324,7 @@ class PressureWatcher(StartStop):
                     self._check(src)
         finally:
             self._close_fds(opened)
-            with contextlib.suppress(OSError):
-                os.close(wake_r)  # stop() closes the write end, after the join
+            close_owned(wake_r, r_ident)  # stop() closes the write end, after the join
 
     def _check(self, src: _Source) -> None:
         """Read a polled file; fire if it shows pressure since the last read."""

@@ -29,6 +29,7 @@ import base64
 import binascii
 import contextlib
 import errno
+import logging
 import os
 import select
 import socket
@@ -37,6 +38,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .._daemon import abandon, close_owned, fd_identity, owns_fd
 from ..memlimits import UsageAlarm, _eventfd_poke, _read_counters, cgroup_dirs, usage_alarm
 
 __all__ = [
@@ -53,6 +55,8 @@ __all__ = [
     "find_sources",
     "open_source",
 ]
+
+log = logging.getLogger("memreclaim.wakeups")
 
 EVENT_COUNTERS = ("high", "max", "oom", "oom_kill")
 """The ``memory.events`` counters whose growth is a wake-up."""
@@ -81,7 +85,13 @@ class WakeSource:
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
         self._fd = fd
+        self._ident = fd_identity(fd)  # the program may close and reuse the number
         self.lost = False
+
+    def owned(self) -> bool:
+        """True while the descriptor is still this source's file (not closed, not reused by the
+        program for one of its own)."""
+        return owns_fd(self._fd, self._ident)
 
     def fileno(self) -> int:
         """The descriptor to poll, or -1 once closed."""
@@ -96,11 +106,9 @@ class WakeSource:
         return "ready" if mask & self.events else None
 
     def close(self) -> None:
-        """Close the descriptor; idempotent."""
+        """Close the descriptor (only if it is still ours); idempotent."""
         fd, self._fd = self._fd, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        close_owned(fd, self._ident)
 
     def _forget_after_fork(self) -> None:
         """In a forked child: close this copy (no lock is taken)."""
@@ -274,12 +282,15 @@ class SystemdPressure(WakeSource):
         return sock.fileno()
 
     def _close_fd(self, fd: int) -> None:
+        ident = getattr(self, "_ident", None) or fd_identity(fd)
         if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+            sock, self._socket = self._socket, None
+            if owns_fd(fd, ident):
+                sock.close()
+            else:  # the program took the number over: let go of it, never close it
+                sock.detach()
         else:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            close_owned(fd, ident)
 
     @classmethod
     def from_environment(
@@ -383,6 +394,12 @@ class Wakeups:
                 source.close()
             raise
         self._epoll.register(self._poke, select.EPOLLIN)
+        # What our epoll and eventfd are: a program that closes inherited descriptors and
+        # reuses the numbers must never get our pokes in its files nor its files closed.
+        self._idents = (fd_identity(self._epoll.fileno()), fd_identity(self._poke))
+        self._broken: str | None = None
+        self._closed = False
+        self._asleep = threading.Event()  # the timer alone, once the descriptors are lost
         for source in given:
             self._add(source)
 
@@ -401,17 +418,35 @@ class Wakeups:
         return tuple(self._sources.values())
 
     def fileno(self) -> int:
-        """The epoll descriptor: readable when a source is ready or :meth:`poke` was called."""
-        return self._epoll.fileno()
+        """The epoll descriptor: readable when a source is ready or :meth:`poke` was called;
+        -1 once the wake-ups stopped (closed, or the program took the descriptor over: an event
+        loop's ``add_reader(-1)`` refuses it and the caller sleeps its timer)."""
+        if self._closed or self._epoll.closed:
+            return -1
+        if self._broken is None and not self._owned():
+            self._break("its epoll or eventfd descriptor was closed or reused by the program")
+        return -1 if self._broken is not None else self._epoll.fileno()
 
     def wait(self, timeout: float | None) -> list[Wake]:
         """Sleep up to ``timeout`` seconds (None: no limit) for a source or a poke; return the
-        wake-ups seen (empty after a timeout or a poke). Returns at once once closed."""
-        if self._epoll.closed:
+        wake-ups seen (empty after a timeout or a poke). Returns at once once closed.
+
+        When the epoll fails or its descriptors were closed or reused by the program, the
+        wake-ups end with one warning (:attr:`notes` says why) and this sleeps the timeout
+        (a poke still wakes it): never a busy loop."""
+        if self._closed or self._epoll.closed:
+            return []
+        if self._broken is None and not self._owned():
+            self._break("its epoll or eventfd descriptor was closed or reused by the program")
+        if self._broken is not None:
+            self._asleep.wait(timeout)
+            self._asleep.clear()
             return []
         try:
             ready = self._epoll.poll(-1 if timeout is None else max(0.0, timeout))
-        except (OSError, ValueError):  # closed meanwhile by another thread
+        except (OSError, ValueError) as exc:
+            if not self._epoll.closed:  # else: closed meanwhile by another thread
+                self._break(f"epoll failed ({exc})")
             return []
         wakes: list[Wake] = []
         for fd, mask in ready:
@@ -422,12 +457,27 @@ class Wakeups:
             source = self._sources.get(fd)
             if source is None:
                 continue
+            if not source.owned():
+                source.lost = True
+                self._drop(source)
+                continue
             detail = source.consume(_poll_mask(mask))
             if detail is not None:
                 wakes.append(Wake(source.kind, source.path, detail))
             if source.lost:
                 self._drop(source)
         return wakes
+
+    def _owned(self) -> bool:
+        return owns_fd(self._epoll.fileno(), self._idents[0]) and owns_fd(
+            self._poke, self._idents[1]
+        )
+
+    def _break(self, why: str) -> None:
+        """Stop the wake-ups for good, saying why once; keep every number we no longer own."""
+        self._broken = why
+        self.notes.append(f"wake-ups stopped: {why}; the runner goes on with its timer")
+        log.warning("memreclaim: wake-ups stopped: %s; the runner goes on with its timer", why)
 
     def _drop(self, source: WakeSource) -> None:
         self.notes.append(f"{source.path}: {source.kind} source lost; no longer watched")
@@ -439,7 +489,9 @@ class Wakeups:
     def poke(self) -> None:
         """Make :meth:`wait` return now; no-op once closed."""
         with self._lock:
-            _eventfd_poke(self._poke)
+            self._asleep.set()
+            if owns_fd(self._poke, self._idents[1]):
+                _eventfd_poke(self._poke)
 
     def close(self) -> None:
         """Close the epoll, the poke and every source; idempotent."""
@@ -452,11 +504,15 @@ class Wakeups:
         self._close_all(fork=True)
 
     def _close_all(self, *, fork: bool) -> None:
+        self._closed = True
+        self._asleep.set()
         poke, self._poke = self._poke, -1
         sources, self._sources = list(self._sources.values()), {}
-        if poke >= 0:
-            os.close(poke)
-        self._epoll.close()
+        close_owned(poke, self._idents[1])
+        if self._epoll.closed or owns_fd(self._epoll.fileno(), self._idents[0]):
+            self._epoll.close()
+        else:  # the program took the number over: its file stays open
+            abandon(self._epoll)
         for source in sources:
             if fork:
                 source._forget_after_fork()
