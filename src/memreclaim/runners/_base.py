@@ -46,7 +46,7 @@ import memreclaim
 from .. import _core, _libraries, _validate, glibc
 from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
 from ..memlimits import UsageAlarm, auto_limit
-from ..policy import Decision, PacingPolicy
+from ..policy import Decision, PacingPolicy, Reading, TrimOutcome
 from ..units import format_bytes
 from .wakeups import WAKE_KINDS, UsageAlarmSource, Wake, Wakeups, open_source
 
@@ -441,15 +441,17 @@ class _Runner:
         with self._lock:
             in_flight = self._in_flight if self._requests_seen else None
             decision = self._policy.decide(
-                now,
-                current,
-                traced=traced,
-                free=None if heap is None else heap.free,
-                in_flight=in_flight,
-                settled=settled,
-                in_use=_in_use(heap),
-                vsize=vsize,
-                mapped=_mapped(heap),
+                Reading(
+                    now,
+                    current,
+                    traced=traced,
+                    free=None if heap is None else heap.free,
+                    in_flight=in_flight,
+                    settled=settled,
+                    in_use=_in_use(heap),
+                    vsize=vsize,
+                    mapped=_mapped(heap),
+                )
             )
             growth = self._policy.growth(current, traced)
             skipped = {
@@ -493,17 +495,19 @@ class _Runner:
             reason = self._policy.reason
             retest = self._policy.retesting
             productive = self._policy.record_trim(
-                now,
-                growth=growth,
-                released=released,
-                rss_after=rss_after,
-                seconds=result.seconds,
-                traced=_traced(),
-                free=None if heap is None else heap.free,
-                in_use=_in_use(heap),
-                mapped=mapped,
-                vsize=_regrowth_vsize() if heap is not None else None,
-                unreached=unreached,
+                TrimOutcome(
+                    now,
+                    growth=growth,
+                    released=released,
+                    rss_after=rss_after,
+                    seconds=result.seconds,
+                    traced=_traced(),
+                    free=None if heap is None else heap.free,
+                    in_use=_in_use(heap),
+                    mapped=mapped,
+                    vsize=_regrowth_vsize() if heap is not None else None,
+                    unreached=unreached,
+                )
             )
             provisional = self._policy.provisional
             retest_due = self._policy.retest_due
