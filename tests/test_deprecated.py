@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from memreclaim import glibc, policy
+from memreclaim import policy, watchdog
 from memreclaim.runners import wakeups
 
 OLD_NAMES = [
@@ -21,7 +21,7 @@ OLD_NAMES = [
     ("memreclaim.pressure", "find_sources", wakeups.find_sources),
     ("memreclaim.runners.pressure", "PressureSource", wakeups.PressureSource),
     ("memreclaim.runners.pressure", "find_sources", wakeups.find_sources),
-    ("memreclaim.watchdog", "THREAD_TRIM_THRESHOLD", glibc._THREAD_TRIM_THRESHOLD),
+    ("memreclaim.watchdog", "THREAD_TRIM_THRESHOLD", watchdog._THREAD_TRIM_THRESHOLD),
 ]
 
 

@@ -10,10 +10,8 @@ unless the environment sets the thresholds (``_environment_thresholds``). A free
 top kept from before.
 
 Private, for the package and its tests only (made after 0.2.0, never released): the runners'
-environment check ``_environment_thresholds``, the earlier 128 KiB trim-threshold knob
-``_fix_thread_trim_threshold`` (``_THREAD_TRIM_THRESHOLD``; :func:`bound_thread_tops` replaced
-it), ``_arenas_retaining`` (the watchdog's old two-thread-arena trigger, no longer called) and
-``_NUDGE_BYTES``, the size :func:`nudge_arena` frees.
+environment check ``_environment_thresholds`` and ``_NUDGE_BYTES``, the size :func:`nudge_arena`
+frees.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import _core, _validate
+from . import _core
 from ._core import UnsupportedAllocatorError
 
 if TYPE_CHECKING:
@@ -37,9 +35,6 @@ __all__ = [
     "nudge_arena",
     "set_arena_max",
 ]
-
-_THREAD_TRIM_THRESHOLD = 128 * 1024
-"""The trim threshold :func:`_fix_thread_trim_threshold` sets (bytes)."""
 
 THREAD_TOP_BOUND = 4 * 1024 * 1024
 """The trim threshold :func:`bound_thread_tops` sets (bytes): what a free leaves at most at the
@@ -136,48 +131,6 @@ def set_arena_max(n: int) -> None:
         )
 
 
-def _arenas_retaining(slack: int) -> tuple[int, int] | None:
-    """(thread arenas, bytes they map) when two or more thread arenas (not the main one) map more
-    than ``slack`` bytes between them; None otherwise, and when glibc does not serve malloc.
-
-    One parse of ``malloc_info()`` (microseconds to a few ms on a fragmented heap).
-
-    Raises:
-        TypeError: ``slack`` is not an int or a size string.
-        ValueError: ``slack`` is negative or not a size.
-    """
-    slack = _validate.size("slack", slack, allow_zero=True)
-    if _core.allocator() != "glibc":
-        return None
-    try:
-        others = [arena for arena in arenas() if arena.nr != 0]
-    except UnsupportedAllocatorError:  # glibc without malloc_info (hidden, or a wrapper)
-        return None
-    mapped = sum(arena.mapped for arena in others)
-    if len(others) >= 2 and mapped > slack:
-        return len(others), mapped
-    return None
-
-
-def _fix_thread_trim_threshold() -> int:
-    """Fix glibc's trim threshold at :data:`_THREAD_TRIM_THRESHOLD` and return it.
-
-    ``malloc_trim`` cannot shrink the tops of thread arenas; a free at a top does, when the top
-    exceeds the threshold. Fixing it also stops glibc's adaptive thresholds (as
-    ``set_trim_threshold`` does). It does not undo a top kept already: that goes back with the next
-    such free in that arena (:func:`nudge_arena`).
-
-    Raises:
-        UnsupportedAllocatorError: glibc does not serve malloc.
-    """
-    if _core.allocator() != "glibc":
-        raise UnsupportedAllocatorError(
-            f"the trim threshold is glibc's; malloc is served by {_core.allocator()}"
-        )
-    _core.set_trim_threshold(_THREAD_TRIM_THRESHOLD)
-    return _THREAD_TRIM_THRESHOLD
-
-
 def bound_thread_tops() -> tuple[int, int]:
     """Bound every arena's free top with no cost cliff; return (mmap threshold, trim threshold).
 
@@ -188,8 +141,8 @@ def bound_thread_tops() -> tuple[int, int]:
     one or a thread's, gives the rest back (``malloc_trim`` never shrinks a thread arena's top:
     this does, as the thread frees). A loop of blocks under the bound costs nothing more; only
     blocks between the bound and 32 MiB give pages back at each free
-    (``benchmarks/bench_knob_cost.py``). Like :func:`_fix_thread_trim_threshold` it stops glibc's
-    adaptive thresholds, and it does not undo a top kept already (:func:`nudge_arena`).
+    (``benchmarks/bench_knob_cost.py``). It stops glibc's adaptive thresholds, and it does not
+    undo a top kept already (:func:`nudge_arena`).
 
     Raises:
         UnsupportedAllocatorError: glibc does not serve malloc.
