@@ -25,7 +25,8 @@ reports the outcome back to the policy, its counters, the log and the ``on_trim`
   ``GLIBC_TUNABLES``). Under mimalloc 2 (a live thread's freed pages wait for that thread) the
   purge delay goes to 0 (``set_purge_delay(0)``) when a trim leaves more than ``slack`` with
   three or more threads. ``thresholds=None`` (the default): that; ``True``: at start under
-  either allocator; ``False``: never.
+  either allocator; ``False``: never. (The heuristics and their once-per-process state live in
+  :mod:`memreclaim.glibc`; the runner says when.)
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self
 
 import memreclaim
 
-from .. import _core, _libraries, _validate, glibc
+from .. import _libraries, _validate, glibc
 from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
 from ..memlimits import UsageAlarm, auto_limit
 from ..policy import Decision, PacingPolicy, Reading, TrimOutcome
@@ -52,7 +53,6 @@ from .wakeups import WAKE_KINDS, UsageAlarmSource, Wake, Wakeups, open_source
 
 __all__ = ["Counters", "Gate", "StartStop", "TrimEvent"]
 
-_T = TypeVar("_T")
 logger = logging.getLogger("memreclaim")
 
 Gate = Literal["idle", "deadline", "ungated", "thread", "hook"]
@@ -64,7 +64,6 @@ MAX_INTERVAL = 3600.0
 
 # One lock for every runner of the process: two trims at once would walk the same arenas twice.
 _TRIM_LOCK = threading.Lock()
-_thresholds_set = False
 
 
 def _traced() -> int | None:
@@ -141,78 +140,6 @@ def _mapped(heap: HeapStats | None) -> int | None:
     if heap is None or heap.mapped is None:
         return None
     return heap.mapped + _libraries.in_use()
-
-
-def _mimalloc_2() -> bool:
-    """mimalloc 2.x serves malloc: memory a live thread freed stays queued in that thread."""
-    version = memreclaim.allocator_version() if memreclaim.allocator() == "mimalloc" else None
-    return version is not None and version.startswith("2.")
-
-
-def _set_knob(apply: Callable[[], _T], what: str, reason: str) -> _T | None:
-    """``apply()``, or None when the allocator refuses (e.g. a sanitizer that interposes malloc
-    leaves glibc without mallopt): the runner runs on with the allocator as it is; said once."""
-    try:
-        return apply()
-    except (UnsupportedAllocatorError, OSError, ValueError) as exc:
-        logger.info("memreclaim: could not %s (%s): %s", what, reason, exc)
-        return None
-
-
-def _fix_thread_thresholds(reason: str) -> bool:
-    """Make frees in other threads give their memory back, once per process; log it once.
-
-    glibc: bound every arena's top (``glibc.bound_thread_tops``: ``malloc_trim`` cannot shrink
-    the tops of thread arenas; a free at a top does, above the trim threshold), unless the
-    environment sets glibc's thresholds. mimalloc 2: the purge delay to 0 (a live thread's
-    freed pages wait for that thread's next visit to its segment; measured: a worker's 400 MiB
-    spike stays resident after any trim, 177 MiB as with ``MIMALLOC_RESET_DELAY=0``).
-    """
-    global _thresholds_set
-    if _thresholds_set:
-        return False
-    if memreclaim.allocator() == "glibc":
-        _thresholds_set = True
-        setting = glibc._environment_thresholds()
-        if setting is not None:
-            logger.info(
-                "memreclaim: left glibc's thresholds as the environment sets them (%s; %s):"
-                " the tops of thread arenas keep what those settings let them keep",
-                setting,
-                reason,
-            )
-            return False
-        bound = _set_knob(glibc.bound_thread_tops, "bound glibc's arena tops", reason)
-        if bound is None:
-            return False
-        mmap_threshold, trim_threshold = bound
-        logger.info(
-            "memreclaim: pinned glibc's mmap threshold at %s and its trim threshold at %s"
-            " (%s): malloc_trim cannot shrink the tops of thread arenas; a free at any arena's"
-            " top now gives back what it keeps above %s (a top kept already goes back with"
-            " the next such free in that arena)",
-            format_bytes(mmap_threshold),
-            format_bytes(trim_threshold),
-            reason,
-            format_bytes(trim_threshold),
-        )
-        return True
-    if _mimalloc_2():
-        _thresholds_set = True
-        previous = _set_knob(
-            lambda: memreclaim.set_purge_delay(0), "set mimalloc's purge delay", reason
-        )
-        if previous is None:
-            return False
-        logger.info(
-            "memreclaim: set mimalloc's purge delay to 0 ms, was %d (%s): mimalloc 2 keeps what"
-            " a live thread freed until that thread returns to it; pages freed from now on go"
-            " back as they become free",
-            previous,
-            reason,
-        )
-        return True
-    return False
 
 
 # ---- reporting ------------------------------------------------------------------------------
@@ -566,9 +493,9 @@ class _Runner:
         purge delay to 0. (glibc's arena tops are bounded at start, in :meth:`_reset_policy`,
         unless ``thresholds=False``: a top kept by an idle worker before a trigger fired would
         stay, as no free in that arena comes.)"""
-        if _thresholds_set or not _mimalloc_2():
+        if glibc._thread_fix_made() or not glibc._mimalloc_2():
             return
-        _fix_thread_thresholds(
+        glibc._fix_thread_retention(
             f"{threading.active_count()} threads, a trim left more than"
             f" {format_bytes(slack)} over the floor"
         )
@@ -582,16 +509,13 @@ class _Runner:
         once the tops are back. Under mimalloc 2 it is this thread's collect
         (``_core.collect_thread(abandon=True)``): only the thread that freed can give back.
         """
-        if not _thresholds_set:
+        if not glibc._thread_fix_made():
             return
         with self._lock:
             floor, level = self._policy.floor, self._policy.level
             slack = self._policy.slack
         if floor is not None and level is not None and level - floor > slack:
-            if memreclaim.allocator() == "glibc":
-                glibc.nudge_arena()
-            else:  # mimalloc 2: this thread's share (its queued pages), handed over
-                _core.collect_thread(abandon=True)
+            glibc._give_back_thread_share()
 
     def _woken(self, wakes: list[Wake]) -> None:
         logger.debug(
@@ -667,9 +591,9 @@ class _Runner:
 
     def _reset_policy(self) -> None:
         if self._thresholds:
-            _fix_thread_thresholds("thresholds=True")
+            glibc._fix_thread_retention("thresholds=True")
         elif self._thresholds is None and memreclaim.allocator() == "glibc":
-            _fix_thread_thresholds("at start: thresholds=None under glibc")
+            glibc._fix_thread_retention("at start: thresholds=None under glibc")
         current = rss()
         heap = _heap()
         with self._lock:
