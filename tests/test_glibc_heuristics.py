@@ -99,7 +99,7 @@ def test_bound_thread_tops_bounds_a_live_thread_arena_top(
 ) -> None:
     result = run_python(BOUNDED_TOP, params={"bounded": bounded})
     if bounded:
-        assert result["set"] == [memreclaim.MMAP_THRESHOLD_MAX, glibc.THREAD_TOP_BOUND], result
+        assert result["set"] == [glibc.MMAP_THRESHOLD_MAX, glibc.THREAD_TOP_BOUND], result
         assert result["top"] <= glibc.THREAD_TOP_BOUND + 2 * 2**20, result
     else:  # the case the bound is for: the adaptive threshold lets the top keep all 20 MB
         assert result["top"] >= 16 * 2**20, result

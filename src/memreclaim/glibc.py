@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from . import _core
-from ._core import UnsupportedAllocatorError
+from ._core import MMAP_THRESHOLD_MAX, UnsupportedAllocatorError, malloc_info
 from .units import format_bytes
 
 if TYPE_CHECKING:
@@ -35,10 +35,12 @@ _T = TypeVar("_T")
 logger = logging.getLogger("memreclaim")
 
 __all__ = [
+    "MMAP_THRESHOLD_MAX",
     "THREAD_TOP_BOUND",
     "ArenaInfo",
     "arenas",
     "bound_thread_tops",
+    "malloc_info",
     "nudge_arena",
     "set_arena_max",
 ]
