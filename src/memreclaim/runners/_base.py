@@ -44,7 +44,7 @@ from typing import Any, Literal, Self
 
 import memreclaim
 
-from .. import _libraries, _validate, glibc
+from .. import _core, _libraries, _validate, glibc
 from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
 from ..memlimits import UsageAlarm, auto_limit
 from ..policy import Decision, PacingPolicy, Reading, TrimOutcome
@@ -88,21 +88,11 @@ def _heap() -> HeapStats | None:
         return None
 
 
-def _free_bytes() -> int | None:
-    """The allocator's free bytes (glibc mallinfo2), or None when it does not say."""
-    heap = _heap()
-    return None if heap is None else heap.free
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
 def _vsize() -> int | None:
-    """The mapped address space in bytes (``/proc/self/statm``'s first field), or None."""
+    """The mapped address space in bytes (``VmSize``, read by the C core), or None."""
     try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[0]) * _PAGE
-    except (OSError, ValueError, IndexError):
+        return _core.process_status(os.getpid()).virtual
+    except OSError:
         return None
 
 
@@ -110,13 +100,12 @@ _thp_always: bool | None = None
 
 
 def _thp_is_always() -> bool:
-    """Whether transparent huge pages are ``enabled=always`` (read once per process): then
-    khugepaged may fault back in the free pages a trim released, with no allocation."""
+    """Whether transparent huge pages are ``enabled=always`` (read once per process, by the C
+    core): then khugepaged may fault back in the free pages a trim released, with no allocation."""
     global _thp_always
     if _thp_always is None:
         try:
-            with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode:
-                _thp_always = "[always]" in mode.read()
+            _thp_always = _core.thp_settings().enabled == "always"
         except OSError:
             _thp_always = False
     return _thp_always
