@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from memreclaim.policy import PacingPolicy, Reading, TrimOutcome
-from memreclaim.policy.backoff import Backoff, Retest
-from memreclaim.policy.budget import CpuBudget
-from memreclaim.policy.growth import GrowthTrigger, LearntLevel
-from memreclaim.policy.limit import NEAR_LIMIT_HOLD, LimitStage
-from memreclaim.policy.settle import Settle
+from memreclaim.policy._backoff import Backoff, Retest
+from memreclaim.policy._budget import CpuBudget
+from memreclaim.policy._growth import GrowthTrigger, LearntLevel
+from memreclaim.policy._limit import NEAR_LIMIT_HOLD, LimitStage
+from memreclaim.policy._settle import Settle
 
 MiB = 1 << 20
-RULES = ("limit", "growth", "backoff", "budget", "settle", "reading")
+RULES = ("_limit", "_growth", "_backoff", "_budget", "_settle", "_reading")
 POLICY = Path(__file__).resolve().parent.parent / "src" / "memreclaim" / "policy"
 
 

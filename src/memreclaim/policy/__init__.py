@@ -14,17 +14,17 @@ does not say what it could give back. :class:`PacingPolicy` composes small rules
 with its own state dataclass and unit tests (``tests/test_policy_rules.py``), and is the only
 place that knows them all:
 
-- :mod:`~memreclaim.policy.limit`: the distance to a soft limit's mark (far, near: the back-off
+- :mod:`~memreclaim.policy._limit`: the distance to a soft limit's mark (far, near: the back-off
   no longer applies and readings come every 20 ms; at the mark: trim at every ``min_interval``
   once the burst is over, or at once what was freed since the last trim).
-- :mod:`~memreclaim.policy.growth`: the learnt level (RSS right after a trim: what live data
+- :mod:`~memreclaim.policy._growth`: the learnt level (RSS right after a trim: what live data
   pins) and the triggers: growth over it, the allocator's free bytes, tracemalloc's traced
   bytes, a drop of in-use bytes sized by the excess it unpins, resident memory no allocator
   accounts for; and memory that comes back by itself after a trim (THP ``always``).
-- :mod:`~memreclaim.policy.backoff`: unproductive trims (the back-off starts at the second in a
+- :mod:`~memreclaim.policy._backoff`: unproductive trims (the back-off starts at the second in a
   row) and the re-test schedule of a provisional level (an incomplete trim, or regrowth).
-- :mod:`~memreclaim.policy.budget`: the CPU budget over a window.
-- :mod:`~memreclaim.policy.settle`: wait for a burst to end.
+- :mod:`~memreclaim.policy._budget`: the CPU budget over a window.
+- :mod:`~memreclaim.policy._settle`: wait for a burst to end.
 
 :meth:`PacingPolicy.decide` has two stages: the limit stage (at the mark), then the pacing (a
 trigger or a re-test that is due, then the rising check, the minimum interval or back-off, the
@@ -50,12 +50,12 @@ from typing import Any, TypeVar
 
 from .. import _core, _deprecated, _validate
 from ..units import format_bytes
-from .backoff import Backoff, Retest
-from .budget import CpuBudget
-from .growth import _AUTO_SLACK_FRACTION, _AUTO_SLACK_MIN, GrowthTrigger, LearntLevel
-from .limit import _NEAR_LIMIT_FREE_READ, _NEAR_LIMIT_TICK, NEAR_LIMIT_HOLD, LimitStage
-from .reading import Decision, Provisional, Reading, TrimOutcome
-from .settle import Settle
+from ._backoff import Backoff, Retest
+from ._budget import CpuBudget
+from ._growth import _AUTO_SLACK_FRACTION, _AUTO_SLACK_MIN, GrowthTrigger, LearntLevel
+from ._limit import _NEAR_LIMIT_FREE_READ, _NEAR_LIMIT_TICK, NEAR_LIMIT_HOLD, LimitStage
+from ._reading import Decision, Provisional, Reading, TrimOutcome
+from ._settle import Settle
 
 __all__ = [
     "NEAR_LIMIT_HOLD",
@@ -431,7 +431,7 @@ class PacingPolicy:
 
     def _regrown(self, reading: Reading, level: int) -> bool:
         """Learn RSS as a provisional level when its growth since the last trim is memory that
-        came back by itself (see :mod:`~memreclaim.policy.growth`); True when it did."""
+        came back by itself (see :mod:`~memreclaim.policy._growth`); True when it did."""
         if not self._may_regrow(reading.rss, level):
             return False
         if self._trigger.allocation_explains(reading, reading.rss - level) is not False:

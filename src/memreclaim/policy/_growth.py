@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..units import format_bytes
-from .reading import Reading, TrimOutcome
+from ._reading import Reading, TrimOutcome
 
 __all__ = ["GrowthTrigger", "LearntLevel", "LevelState", "TriggerState"]
 

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from ..units import format_bytes
-from .reading import Decision, Reading, TrimOutcome
+from ._reading import Decision, Reading, TrimOutcome
 
 __all__ = ["NEAR_LIMIT_HOLD", "LimitStage", "LimitState"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import _validate
-from .reading import Provisional
+from ._reading import Provisional
 
 __all__ = ["Backoff", "BackoffState", "Retest", "RetestState"]
 

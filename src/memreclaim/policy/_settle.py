@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from .reading import Reading
+from ._reading import Reading
 
 __all__ = ["Settle", "SettleState"]
 
