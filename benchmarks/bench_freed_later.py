@@ -35,7 +35,7 @@ NEAR = 16 * 2**20
 
 CASE = textwrap.dedent(
     """
-    import asyncio, gc, json, sys, threading, time
+    import asyncio, dataclasses, gc, json, sys, threading, time
     import memreclaim
     from memreclaim import BackgroundTrimmer, PacingPolicy, Watchdog, workloads
 
@@ -46,11 +46,11 @@ CASE = textwrap.dedent(
         # The policy's decisions before issue 22: the same rules with the figures withheld.
         def wants_free(self, now, rss=None):
             return super().wants_free(now)
-        def decide(self, now, rss, *, in_use=None, vsize=None, **kwargs):
-            return super().decide(now, rss, **kwargs)
-        def record_trim(self, now, *, in_use=None, mapped=None, vsize=None, unreached=False,
-                        **kwargs):
-            return super().record_trim(now, **kwargs)
+        def decide(self, reading):
+            return super().decide(dataclasses.replace(reading, in_use=None, vsize=None))
+        def record_trim(self, outcome):
+            return super().record_trim(dataclasses.replace(
+                outcome, in_use=None, mapped=None, vsize=None, unreached=False))
         def reset(self, now, rss, traced=None, *, in_use=None):
             super().reset(now, rss, traced)
 

@@ -54,7 +54,7 @@ def set_knob():
     elif candidate == "128k":
         memreclaim.set_trim_threshold(128 * 1024)
     else:  # boundNm: mmap threshold pinned at its maximum, trim threshold N MiB
-        memreclaim.pin_mmap_threshold(memreclaim.MMAP_THRESHOLD_MAX)
+        memreclaim.pin_mmap_threshold(memreclaim.glibc.MMAP_THRESHOLD_MAX)
         memreclaim.set_trim_threshold(int(candidate[5:-1]) << 20)
 
 if knob == "start":

@@ -95,7 +95,7 @@ def _same_default(documented: str | None, actual: Any) -> bool:
         last = documented.rsplit(".", 1)[-1]
         return last in (repr(actual), getattr(actual, "name", None), type(actual).__name__)
     if isinstance(value, str) and isinstance(actual, int) and not isinstance(actual, bool):
-        from memreclaim import parse_bytes  # "1 MiB" documents 1048576
+        from memreclaim.units import parse_bytes  # "1 MiB" documents 1048576
 
         return parse_bytes(value) == actual
     return bool(value == actual)

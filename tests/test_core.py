@@ -110,9 +110,9 @@ def test_heap_stats_glibc() -> None:
 
 @needs_glibc
 def test_malloc_info_and_arenas() -> None:
-    text = memreclaim.malloc_info()
+    text = memreclaim.glibc.malloc_info()
     assert text.startswith("<malloc version=")
-    arenas = memreclaim.arenas()
+    arenas = memreclaim.glibc.arenas()
     assert arenas[0].nr == 0
     assert all(a.mapped >= 0 and a.free_bytes >= a.fast_bytes for a in arenas)
 
@@ -172,7 +172,7 @@ def test_knob_arity(knob: Any, low: int, high: int) -> None:
         lambda: memreclaim.heap_stats(1),
         lambda: memreclaim.allocator(None),
         lambda: memreclaim.allocator_version(1),
-        lambda: memreclaim.malloc_info(0),
+        lambda: memreclaim.glibc.malloc_info(0),
     ],
 )
 def test_bad_arguments_raise_type_error(call: Any) -> None:
@@ -218,8 +218,8 @@ def test_set_arena_max_warns_when_late(run_python: Any) -> None:
         [t.start() for t in threads]; [t.join() for t in threads]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            memreclaim.set_arena_max(2)
-        emit(arenas=len(memreclaim.arenas()), warnings=[str(w.message) for w in caught])
+            memreclaim.glibc.set_arena_max(2)
+        emit(arenas=len(memreclaim.glibc.arenas()), warnings=[str(w.message) for w in caught])
         """
     )
     assert out["arenas"] > 1
@@ -231,14 +231,14 @@ def test_set_arena_max_at_start_limits_arenas(run_python: Any) -> None:
         """
         import threading, warnings
         warnings.simplefilter("error")
-        memreclaim.set_arena_max(1)
+        memreclaim.glibc.set_arena_max(1)
         barrier = threading.Barrier(8)
         def work():
             barrier.wait()
             x = [bytes(2000) for _ in range(2000)]
         threads = [threading.Thread(target=work) for _ in range(8)]
         [t.start() for t in threads]; [t.join() for t in threads]
-        emit(arenas=len(memreclaim.arenas()))
+        emit(arenas=len(memreclaim.glibc.arenas()))
         """
     )
     assert out["arenas"] == 1
@@ -325,22 +325,22 @@ def test_mimalloc_areas_walks_this_threads_heap(run_python: Any) -> None:
 
 
 def test_units() -> None:
-    assert memreclaim.parse_bytes("1 MiB") == 2**20
-    assert memreclaim.parse_bytes("500 KB") == 500_000
-    assert memreclaim.parse_bytes("1.5k") == 1500
-    assert memreclaim.parse_bytes(42) == 42
-    assert memreclaim.format_bytes(3 * 2**20) == "3.0 MiB"
-    assert memreclaim.format_bytes(-512) == "-512 B"
+    assert memreclaim.units.parse_bytes("1 MiB") == 2**20
+    assert memreclaim.units.parse_bytes("500 KB") == 500_000
+    assert memreclaim.units.parse_bytes("1.5k") == 1500
+    assert memreclaim.units.parse_bytes(42) == 42
+    assert memreclaim.units.format_bytes(3 * 2**20) == "3.0 MiB"
+    assert memreclaim.units.format_bytes(-512) == "-512 B"
     for junk in ("12 parsecs", "", "MiB", "-1", "1 2"):
         with pytest.raises(ValueError):
-            memreclaim.parse_bytes(junk)
+            memreclaim.units.parse_bytes(junk)
     with pytest.raises(ValueError):
-        memreclaim.parse_bytes(-1)
+        memreclaim.units.parse_bytes(-1)
     for wrong in (1.5, None, True, b"1"):
         with pytest.raises(TypeError):
-            memreclaim.parse_bytes(wrong)  # type: ignore[arg-type]
+            memreclaim.units.parse_bytes(wrong)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        memreclaim.format_bytes("1")  # type: ignore[arg-type]
+        memreclaim.units.format_bytes("1")  # type: ignore[arg-type]
 
 
 def test_keep_forever_outlives_the_last_reference_and_checks_its_arguments():

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from memreclaim import glibc, policy
+from memreclaim import glibc, memlimits, policy, units, watchdog
 from memreclaim.runners import wakeups
 
 OLD_NAMES = [
@@ -21,7 +21,15 @@ OLD_NAMES = [
     ("memreclaim.pressure", "find_sources", wakeups.find_sources),
     ("memreclaim.runners.pressure", "PressureSource", wakeups.PressureSource),
     ("memreclaim.runners.pressure", "find_sources", wakeups.find_sources),
-    ("memreclaim.watchdog", "THREAD_TRIM_THRESHOLD", glibc._THREAD_TRIM_THRESHOLD),
+    ("memreclaim.watchdog", "THREAD_TRIM_THRESHOLD", watchdog._THREAD_TRIM_THRESHOLD),
+    ("memreclaim", "MMAP_THRESHOLD_MAX", glibc.MMAP_THRESHOLD_MAX),
+    ("memreclaim", "ArenaInfo", glibc.ArenaInfo),
+    ("memreclaim", "arenas", glibc.arenas),
+    ("memreclaim", "malloc_info", glibc.malloc_info),
+    ("memreclaim", "set_arena_max", glibc.set_arena_max),
+    ("memreclaim", "format_bytes", units.format_bytes),
+    ("memreclaim", "parse_bytes", units.parse_bytes),
+    ("memreclaim", "Limits", memlimits.Limits),
 ]
 
 

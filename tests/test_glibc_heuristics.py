@@ -1,6 +1,5 @@
-"""memreclaim.glibc's thread-arena heuristics: _arenas_retaining, _fix_thread_trim_threshold,
-bound_thread_tops and nudge_arena, on real thread arenas in a fresh interpreter (each changes
-process state); _environment_thresholds."""
+"""memreclaim.glibc's thread-arena heuristics: bound_thread_tops and nudge_arena, on real thread
+arenas in a fresh interpreter (each changes process state); _environment_thresholds."""
 
 from __future__ import annotations
 
@@ -14,44 +13,6 @@ import memreclaim
 from memreclaim import glibc
 
 glibc_only = pytest.mark.skipif(memreclaim.allocator() != "glibc", reason="glibc's arenas")
-
-THREAD_ARENAS = """
-import threading
-from memreclaim import glibc
-
-held = []
-ready = threading.Barrier(3)
-done = threading.Event()
-
-def fill():
-    ready.wait(60)                                   # all alive at once: one arena each
-    held.append([bytearray(100_000) for _ in range(60)])   # 6 MB in this thread's arena
-    done.wait(60)
-
-threads = [threading.Thread(target=fill) for _ in range(2)]
-for t in threads:
-    t.start()
-ready.wait(60)
-for _ in range(6000):                                # bounded: 60 s
-    if len(held) == 2:
-        break
-    done.wait(0.01)
-found = glibc._arenas_retaining(4 * 2**20)
-above = glibc._arenas_retaining(100 * 2**20)
-done.set()
-for t in threads:
-    t.join(60)
-emit(found=found, above=above)
-"""
-
-
-@glibc_only
-def test_arenas_retaining_sees_two_thread_arenas(run_python: Callable[..., Any]) -> None:
-    result = run_python(THREAD_ARENAS)
-    count, mapped = result["found"]
-    assert count >= 2 and mapped > 4 * 2**20, result
-    assert result["above"] is None, result  # not more than that slack
-
 
 NUDGE = """
 import threading
@@ -79,7 +40,7 @@ for _ in range(6000):
     if "kept" in out:
         break
     go.wait(0.01)
-out["threshold"] = glibc._fix_thread_trim_threshold()
+memreclaim.set_trim_threshold(128 * 1024)           # the threshold fixed: frees at a top trim
 go.set()
 t.join(60)
 emit(**out)
@@ -91,30 +52,7 @@ def test_nudge_after_the_fix_gives_the_thread_arena_top_back(
     run_python: Callable[..., Any],
 ) -> None:
     result = run_python(NUDGE)
-    assert result["threshold"] == glibc._THREAD_TRIM_THRESHOLD
     assert result["kept"] - result["after"] > 2 * 2**20, result
-
-
-def test_arenas_retaining_rejects_a_bad_slack() -> None:
-    with pytest.raises(ValueError, match="slack"):
-        glibc._arenas_retaining(-1)
-    with pytest.raises(TypeError, match="slack"):
-        glibc._arenas_retaining(object())  # type: ignore[arg-type]
-
-
-def test_fix_needs_glibc(run_python: Callable[..., Any]) -> None:
-    lib = allocator_lib("jemalloc")
-    result = run_python(
-        """
-        from memreclaim import glibc
-        try:
-            glibc._fix_thread_trim_threshold()
-        except memreclaim.UnsupportedAllocatorError as exc:
-            emit(error=str(exc), retaining=glibc._arenas_retaining(0))
-        """,
-        env={"LD_PRELOAD": str(lib)},
-    )
-    assert "glibc" in result["error"] and result["retaining"] is None, result
 
 
 # glibc's thresholds raised by a 30 MB buffer freed (the trim threshold to 60 MB, adaptive), then
@@ -161,7 +99,7 @@ def test_bound_thread_tops_bounds_a_live_thread_arena_top(
 ) -> None:
     result = run_python(BOUNDED_TOP, params={"bounded": bounded})
     if bounded:
-        assert result["set"] == [memreclaim.MMAP_THRESHOLD_MAX, glibc.THREAD_TOP_BOUND], result
+        assert result["set"] == [glibc.MMAP_THRESHOLD_MAX, glibc.THREAD_TOP_BOUND], result
         assert result["top"] <= glibc.THREAD_TOP_BOUND + 2 * 2**20, result
     else:  # the case the bound is for: the adaptive threshold lets the top keep all 20 MB
         assert result["top"] >= 16 * 2**20, result

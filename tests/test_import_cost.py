@@ -10,7 +10,6 @@ import bench_import
 import pytest
 
 import memreclaim
-from memreclaim import _accounting
 
 LIMIT = 1 << 20
 
@@ -66,19 +65,3 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
         memreclaim.no_such_name  # noqa: B018
 
 
-def test_trim_totals_behave_like_a_frozen_record() -> None:
-    """TrimTotals is hand-written (no dataclasses import): equal by value, immutable, readable."""
-    a = _accounting.TrimTotals(1, 0, 4096, 0.5, (1, 0))
-    b = _accounting.TrimTotals(1, 0, 4096, 0.5, (1, 0))
-    assert a == b and hash(a) == hash(b)
-    assert a != _accounting.TrimTotals(2, 0, 4096, 0.5, (1, 0))
-    assert a != (1, 0, 4096, 0.5, (1, 0))
-    assert repr(a) == (
-        "TrimTotals(trims=1, unproductive=0, released_bytes=4096, seconds=0.5,"
-        " seconds_buckets=(1, 0))"
-    )
-    with pytest.raises(AttributeError, match="immutable"):
-        a.trims = 2  # type: ignore[misc]
-    with pytest.raises(AttributeError, match="immutable"):
-        del a.seconds  # type: ignore[misc]
-    assert a.trims == 1 and a.released_bytes == 4096

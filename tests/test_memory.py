@@ -138,7 +138,7 @@ def test_trim_threshold_governs_the_top_of_the_heap(run_python: Any) -> None:
     # hands it back by itself.
     workload = """
         memreclaim.set_trim_threshold(THRESHOLD)
-        memreclaim.pin_mmap_threshold(memreclaim.MMAP_THRESHOLD_MAX)
+        memreclaim.pin_mmap_threshold(memreclaim.glibc.MMAP_THRESHOLD_MAX)
         baseline = memreclaim.rss()
         blocks = [bytearray(100_000) for _ in range(3000)]  # ~300 MB at the top of the heap
         del blocks

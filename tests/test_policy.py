@@ -18,7 +18,7 @@ import pytest
 
 from memreclaim.policy import _AUTO_SLACK_MIN as AUTO_SLACK_MIN
 from memreclaim.policy import _NEAR_LIMIT_TICK as NEAR_LIMIT_TICK
-from memreclaim.policy import NEAR_LIMIT_HOLD, PacingPolicy
+from memreclaim.policy import NEAR_LIMIT_HOLD, PacingPolicy, Reading, TrimOutcome
 
 MiB = 2**20
 DATA = Path(__file__).parent / "data"
@@ -64,12 +64,21 @@ def drive(
 ) -> str:
     """One tick as a runner does it: read, decide, trim, record."""
     free = proc.free if policy.wants_free(now) else None
-    decision = policy.decide(now, proc.rss, free=free, in_flight=in_flight, settled=settled)
+    decision = policy.decide(
+        Reading(now, proc.rss, free=free, in_flight=in_flight, settled=settled)
+    )
     if decision == "trim":
         growth = policy.growth(proc.rss)
         released = proc.trim()
         productive = policy.record_trim(
-            now, growth=growth, released=released, rss_after=proc.rss, seconds=0.01, free=proc.free
+            TrimOutcome(
+                now,
+                growth=growth,
+                released=released,
+                rss_after=proc.rss,
+                seconds=0.01,
+                free=proc.free,
+            )
         )
         if trims is not None:
             trims.append((now, productive))
@@ -206,10 +215,10 @@ def test_backoff_starts_at_the_second_unproductive_trim_and_is_capped() -> None:
     waits = []
     for n in range(5):  # live growth each time: every trim is unproductive
         level += 20 * MiB
-        policy.record_trim(float(n), growth=20 * MiB, released=0, rss_after=level)
+        policy.record_trim(TrimOutcome(float(n), growth=20 * MiB, released=0, rss_after=level))
         waits.append(policy.wait)
     assert waits == [1.0, 2.0, 4.0, 4.0, 4.0]
-    policy.record_trim(10.0, growth=20 * MiB, released=20 * MiB, rss_after=level)
+    policy.record_trim(TrimOutcome(10.0, growth=20 * MiB, released=20 * MiB, rss_after=level))
     assert policy.wait == 1.0
 
 
@@ -221,14 +230,16 @@ def test_cpu_budget_paces_expensive_trims_not_cheap_ones() -> None:
     # one trim of 5 s (a loaded machine, a huge heap): 2 s in debt, 200 s to pay back
     proc.allocate(50 * MiB)
     proc.release(50 * MiB)
-    assert policy.decide(1.0, proc.rss, settled=True) == "trim"
-    policy.record_trim(1.0, growth=50 * MiB, released=proc.trim(), rss_after=proc.rss, seconds=5.0)
+    assert policy.decide(Reading(1.0, proc.rss, settled=True)) == "trim"
+    policy.record_trim(
+        TrimOutcome(1.0, growth=50 * MiB, released=proc.trim(), rss_after=proc.rss, seconds=5.0)
+    )
     proc.allocate(50 * MiB)
     proc.release(50 * MiB)
-    assert policy.decide(2.0, proc.rss, settled=True) == "budget"
-    assert policy.decide(100.0, proc.rss, settled=True) == "budget"
-    assert policy.decide(150.0, proc.rss, settled=True) == "budget"
-    assert policy.decide(202.0, proc.rss, settled=True) == "trim"
+    assert policy.decide(Reading(2.0, proc.rss, settled=True)) == "budget"
+    assert policy.decide(Reading(100.0, proc.rss, settled=True)) == "budget"
+    assert policy.decide(Reading(150.0, proc.rss, settled=True)) == "budget"
+    assert policy.decide(Reading(202.0, proc.rss, settled=True)) == "trim"
     # cheap trims (10 ms) every 0.1 s are allowed for as long as the credit lasts
     cheap = PacingPolicy(slack="10 MiB", min_interval=0.1)
     cheap.reset(0.0, proc.rss)
@@ -238,10 +249,12 @@ def test_cpu_budget_paces_expensive_trims_not_cheap_ones() -> None:
         now += 0.1
         proc.allocate(20 * MiB)
         proc.release(20 * MiB)
-        if cheap.decide(now, proc.rss, settled=True) == "trim":
+        if cheap.decide(Reading(now, proc.rss, settled=True)) == "trim":
             count += 1
             cheap.record_trim(
-                now, growth=20 * MiB, released=proc.trim(), rss_after=proc.rss, seconds=0.01
+                TrimOutcome(
+                    now, growth=20 * MiB, released=proc.trim(), rss_after=proc.rss, seconds=0.01
+                )
             )
     assert count == 50
 
@@ -254,19 +267,19 @@ def test_soft_limit_trims_regardless_and_warns_once_when_live(
     policy.reset(0.0, proc.rss)
     proc.allocate(380 * MiB)  # live: RSS 440 MiB
     for n in range(3):  # three unproductive trims: a long back-off, level 440 MiB
-        policy.record_trim(n * 0.1, growth=0, released=0, rss_after=proc.rss)
+        policy.record_trim(TrimOutcome(n * 0.1, growth=0, released=0, rss_after=proc.rss))
     assert policy.wait > 1.0
     proc.allocate(20 * MiB)
     proc.release(20 * MiB)  # RSS 460 MiB >= 450 MiB: trim though growth is under slack
-    assert policy.decide(1.0, proc.rss, settled=True) == "trim"
+    assert policy.decide(Reading(1.0, proc.rss, settled=True)) == "trim"
     assert "limit" in policy.reason
-    policy.record_trim(1.0, growth=20 * MiB, released=proc.trim(), rss_after=proc.rss)
+    policy.record_trim(TrimOutcome(1.0, growth=20 * MiB, released=proc.trim(), rss_after=proc.rss))
     # live memory itself now at the mark: say once that reclaim cannot help
     proc.allocate(30 * MiB)
     with caplog.at_level(logging.WARNING, logger="memreclaim"):
-        policy.record_trim(2.0, growth=0, released=0, rss_after=proc.rss)
+        policy.record_trim(TrimOutcome(2.0, growth=0, released=0, rss_after=proc.rss))
         for n in range(5):
-            policy.decide(3.0 + n, proc.rss)
+            policy.decide(Reading(3.0 + n, proc.rss))
     warnings = [r for r in caplog.records if "near the limit" in r.getMessage()]
     assert len(warnings) == 1
     assert "MiB" in warnings[0].getMessage()
@@ -284,28 +297,32 @@ def test_approaching_the_limit_skips_the_backoff_and_reads_often(limit: str | No
     assert policy.tick_interval(1.0) == 1.0
     for n in range(3):  # live growth, learned by unproductive trims: the back-off is on
         proc.allocate(20 * MiB)
-        policy.record_trim(float(n), growth=20 * MiB, released=0, rss_after=proc.rss)
+        policy.record_trim(TrimOutcome(float(n), growth=20 * MiB, released=0, rss_after=proc.rss))
     assert policy.wait > 2.0
     proc.allocate(330 * MiB)
     proc.release(330 * MiB)  # freed, but RSS stays (450 MiB): the heap is fragmented
-    assert policy.decide(2.5, proc.rss) == "rising"  # the burst just happened: no trim yet
+    assert policy.decide(Reading(2.5, proc.rss)) == "rising"  # the burst just happened: no trim yet
     if limit is None:
         assert policy.tick_interval(1.0) == 1.0
-        assert policy.decide(3.5, proc.rss) == "backoff"
+        assert policy.decide(Reading(3.5, proc.rss)) == "backoff"
     else:
         assert policy.tick_interval(1.0) == NEAR_LIMIT_TICK
         assert policy.tick_interval(0.01) == 0.01  # never slower than asked
-        assert policy.decide(3.5, proc.rss) == "trim"  # the back-off no longer applies
+        assert policy.decide(Reading(3.5, proc.rss)) == "trim"  # the back-off no longer applies
         assert "approaching the limit" in policy.reason
-        policy.record_trim(3.5, growth=330 * MiB, released=proc.trim(), rss_after=proc.rss)
+        policy.record_trim(
+            TrimOutcome(3.5, growth=330 * MiB, released=proc.trim(), rss_after=proc.rss)
+        )
         assert policy.tick_interval(1.0) == 1.0  # back at the level: normal readings
     # Far from the limit the same pattern keeps the normal pacing.
     far = PacingPolicy(min_interval=1.0, backoff_max=30.0, limit="8 GiB")
     far.reset(0.0, 60 * MiB)
     for n in range(3):
-        far.record_trim(float(n), growth=20 * MiB, released=0, rss_after=(80 + 20 * n) * MiB)
-    far.decide(2.5, 450 * MiB)
-    assert far.decide(3.5, 450 * MiB) == "backoff"
+        far.record_trim(
+            TrimOutcome(float(n), growth=20 * MiB, released=0, rss_after=(80 + 20 * n) * MiB)
+        )
+    far.decide(Reading(2.5, 450 * MiB))
+    assert far.decide(Reading(3.5, 450 * MiB)) == "backoff"
     assert far.tick_interval(1.0) == 1.0
 
 
@@ -317,36 +334,38 @@ def test_at_the_mark_freed_memory_is_trimmed_at_once_whatever_the_level() -> Non
     proc = FakeProcess()
     policy.reset(0.0, proc.rss)
     proc.allocate(420 * MiB)  # a burst, live while it is being built: RSS 480 MiB
-    assert policy.decide(1.0, proc.rss) == "rising"  # no trim in the middle of the burst
-    assert policy.decide(1.0, proc.rss, settled=True) == "trim"  # a pause in it
-    policy.record_trim(1.0, growth=420 * MiB, released=0, rss_after=proc.rss, free=proc.free)
+    assert policy.decide(Reading(1.0, proc.rss)) == "rising"  # no trim in the middle of the burst
+    assert policy.decide(Reading(1.0, proc.rss, settled=True)) == "trim"  # a pause in it
+    policy.record_trim(
+        TrimOutcome(1.0, growth=420 * MiB, released=0, rss_after=proc.rss, free=proc.free)
+    )
     assert policy.level is not None and policy.level > 460 * MiB
     # Readings stay fast for a while after a trim at the mark; then live memory flat at the
     # mark is not "near": readings go back to their normal pace.
     assert policy.tick_interval(1.0, now=1.5) == NEAR_LIMIT_TICK
     assert policy.tick_interval(1.0, now=1.0 + NEAR_LIMIT_HOLD + 0.1) == 1.0
     proc.allocate(30 * MiB)  # the burst goes on after that trim: RSS 510 MiB
-    assert policy.decide(1.05, proc.rss) != "trim"
+    assert policy.decide(Reading(1.05, proc.rss)) != "trim"
     assert policy.tick_interval(1.0) == NEAR_LIMIT_TICK
     assert policy.wants_free(1.05) is False
     assert policy.wants_free(1.1 + 1e-9) is True  # near the limit: every 100 ms
     proc.release(360 * MiB)  # the burst is over and freed: RSS stays at 510 MiB
-    assert policy.decide(1.2, proc.rss, free=proc.free) == "trim"
+    assert policy.decide(Reading(1.2, proc.rss, free=proc.free)) == "trim"
     assert "freed 360.0 MiB" in policy.reason
     # Without the free bytes nothing shows the free: no trim inside the minimum interval.
     blind = PacingPolicy(min_interval=1.0, limit="512 MiB")
     blind.reset(0.0, 60 * MiB)
-    blind.decide(1.0, 480 * MiB)
-    blind.record_trim(1.0, growth=420 * MiB, released=0, rss_after=480 * MiB)
-    assert blind.decide(1.2, 480 * MiB) != "trim"
+    blind.decide(Reading(1.0, 480 * MiB))
+    blind.record_trim(TrimOutcome(1.0, growth=420 * MiB, released=0, rss_after=480 * MiB))
+    assert blind.decide(Reading(1.2, 480 * MiB)) != "trim"
 
 
 def test_requires_reset() -> None:
     policy = PacingPolicy()
     with pytest.raises(RuntimeError, match="reset"):
-        policy.decide(0.0, 100)
+        policy.decide(Reading(0.0, 100))
     with pytest.raises(RuntimeError, match="reset"):
-        policy.record_trim(0.0, growth=0, released=0, rss_after=0)
+        policy.record_trim(TrimOutcome(0.0, growth=0, released=0, rss_after=0))
 
 
 @pytest.mark.parametrize(
@@ -375,9 +394,9 @@ def test_bad_call_arguments_change_nothing() -> None:
     policy = PacingPolicy()
     policy.reset(0.0, 100 * MiB)
     with pytest.raises(TypeError):
-        policy.decide(1.0, 100 * MiB, in_flight="many")  # type: ignore[arg-type]
+        policy.decide(Reading(1.0, 100 * MiB, in_flight="many"))  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        policy.record_trim(1.0, growth=0, released=0, rss_after=0, seconds=-1.0)
+        policy.record_trim(TrimOutcome(1.0, growth=0, released=0, rss_after=0, seconds=-1.0))
     assert policy.last_trim is None and policy.level == 100 * MiB
 
 
@@ -405,12 +424,14 @@ def test_recorded_uvicorn_trace_trims_after_the_burst() -> None:
         later = [rss_after for (tt, rss_after) in recorded_trims if tt >= t]
         recorded_trimmed = any(tt <= t for (tt, _) in recorded_trims)
         current = rss - (0 if recorded_trimmed else offset)
-        decision = policy.decide(t, current, in_flight=in_flight, free=free)
+        decision = policy.decide(Reading(t, current, in_flight=in_flight, free=free))
         if decision == "trim":
             after = min(current, later[0]) if later else current
             growth = policy.growth(current)
             productive = policy.record_trim(
-                t, growth=growth, released=current - after, rss_after=after, seconds=0.05
+                TrimOutcome(
+                    t, growth=growth, released=current - after, rss_after=after, seconds=0.05
+                )
             )
             offset += current - after
             trims.append((t, productive))
@@ -516,25 +537,29 @@ def heap_tick(
     rss = proc.rss
     read = figures and policy.wants_free(now, rss)
     decision = policy.decide(
-        now,
-        rss,
-        free=proc.free if read else None,
-        in_use=proc.in_use if read else None,
-        vsize=proc.vsize if read else None,
+        Reading(
+            now,
+            rss,
+            free=proc.free if read else None,
+            in_use=proc.in_use if read else None,
+            vsize=proc.vsize if read else None,
+        ),
     )
     if decision == "trim":
         growth = policy.growth(rss)
         released = proc.trim()
         productive = policy.record_trim(
-            now,
-            growth=growth,
-            released=released,
-            rss_after=proc.rss,
-            seconds=0.01,
-            free=proc.free,
-            in_use=proc.in_use if figures else None,
-            mapped=proc.mapped if figures else None,
-            vsize=proc.vsize if figures else None,
+            TrimOutcome(
+                now,
+                growth=growth,
+                released=released,
+                rss_after=proc.rss,
+                seconds=0.01,
+                free=proc.free,
+                in_use=proc.in_use if figures else None,
+                mapped=proc.mapped if figures else None,
+                vsize=proc.vsize if figures else None,
+            ),
         )
         if trims is not None:
             trims.append((now, productive))
@@ -607,12 +632,12 @@ def test_unreachable_memory_is_retested_at_growing_spacing_never_stopping() -> N
     assert times[-1] > 1200.0 - 121.0
     assert not any(productive for _, productive in trims[1:])
     due = policy.retest_due
-    assert due is not None and policy.decide(due - 0.5, proc.rss) == "below-slack"
+    assert due is not None and policy.decide(Reading(due - 0.5, proc.rss)) == "below-slack"
     assert not policy.retesting
-    assert policy.decide(due, proc.rss) == "trim" and policy.retesting
+    assert policy.decide(Reading(due, proc.rss)) == "trim" and policy.retesting
     assert policy.retest_spacing(1) == 8.0 and policy.retest_spacing(50) == 120.0
     # A trim that cost 0.5 s at a 1 % budget: the next re-test not sooner than 50 s.
-    policy.record_trim(now, growth=0, released=0, rss_after=proc.rss, seconds=0.5)
+    policy.record_trim(TrimOutcome(now, growth=0, released=0, rss_after=proc.rss, seconds=0.5))
     assert policy.retest_spacing(1) == 50.0
     with pytest.raises(ValueError, match="run"):
         policy.retest_spacing(0)
@@ -755,11 +780,16 @@ def test_without_vsize_no_growth_is_taken_for_regrowth() -> None:
             proc.regrow()
         rss = proc.rss
         read = policy.wants_free(now, rss)
-        if policy.decide(now, rss, free=proc.free if read else None, in_use=proc.in_use) == "trim":
+        if (
+            policy.decide(Reading(now, rss, free=proc.free if read else None, in_use=proc.in_use))
+            == "trim"
+        ):
             growth = policy.growth(rss)
             released = proc.trim()
             policy.record_trim(
-                now, growth=growth, released=released, rss_after=proc.rss, in_use=proc.in_use
+                TrimOutcome(
+                    now, growth=growth, released=released, rss_after=proc.rss, in_use=proc.in_use
+                )
             )
             trims.append((now, True))
     assert len(trims) > 10 and policy.provisional is None
@@ -790,15 +820,17 @@ def test_growth_of_new_mappings_is_not_taken_for_regrowth() -> None:
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda p: p.decide(1.0, 100 * MiB, in_use=-1), ValueError, "in_use"),
-        (lambda p: p.decide(1.0, 100 * MiB, vsize="big"), TypeError, "vsize"),
+        (lambda p: p.decide(Reading(1.0, 100 * MiB, in_use=-1)), ValueError, "in_use"),
+        (lambda p: p.decide(Reading(1.0, 100 * MiB, vsize="big")), TypeError, "vsize"),
         (
-            lambda p: p.record_trim(1.0, growth=0, released=0, rss_after=0, mapped=-5),
+            lambda p: p.record_trim(TrimOutcome(1.0, growth=0, released=0, rss_after=0, mapped=-5)),
             ValueError,
             "mapped",
         ),
         (
-            lambda p: p.record_trim(1.0, growth=0, released=0, rss_after=0, unreached=1),
+            lambda p: p.record_trim(
+                TrimOutcome(1.0, growth=0, released=0, rss_after=0, unreached=1)
+            ),
             TypeError,
             "unreached",
         ),
@@ -836,23 +868,27 @@ def unaccounted_tick(
     rss = proc.rss
     read = policy.wants_free(now, rss)
     decision = policy.decide(
-        now,
-        rss,
-        free=proc.free if read else None,
-        in_use=proc.in_use + pool_live if read else None,
-        mapped=proc.mapped + pool_live if read else None,
-        vsize=proc.vsize if read and vsize else None,
+        Reading(
+            now,
+            rss,
+            free=proc.free if read else None,
+            in_use=proc.in_use + pool_live if read else None,
+            mapped=proc.mapped + pool_live if read else None,
+            vsize=proc.vsize if read and vsize else None,
+        ),
     )
     if decision == "trim":
         growth = policy.growth(rss)
         released = proc.trim()
         policy.record_trim(
-            now,
-            growth=growth,
-            released=released,
-            rss_after=proc.rss,
-            in_use=proc.in_use + pool_live,
-            mapped=proc.mapped + pool_live,
+            TrimOutcome(
+                now,
+                growth=growth,
+                released=released,
+                rss_after=proc.rss,
+                in_use=proc.in_use + pool_live,
+                mapped=proc.mapped + pool_live,
+            ),
         )
     return decision
 
@@ -902,7 +938,7 @@ def test_bad_mapped_figure_changes_nothing() -> None:
     policy = PacingPolicy()
     policy.reset(0.0, 100 * MiB)
     with pytest.raises(TypeError):
-        policy.decide(1.0, 100 * MiB, mapped="1")  # type: ignore[arg-type]
+        policy.decide(Reading(1.0, 100 * MiB, mapped="1"))  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        policy.decide(1.0, 100 * MiB, mapped=-1)
-    assert policy.decide(1.0, 100 * MiB) == "below-slack"
+        policy.decide(Reading(1.0, 100 * MiB, mapped=-1))
+    assert policy.decide(Reading(1.0, 100 * MiB)) == "below-slack"

@@ -47,7 +47,7 @@ def test_a_start_that_fails_sets_no_allocator_knob(
     out = run_python(
         """
         import logging, threading
-        from memreclaim.runners import _base
+        from memreclaim import glibc
         records = []
         class Keep(logging.Handler):
             def emit(self, record):
@@ -64,11 +64,11 @@ def test_a_start_that_fails_sets_no_allocator_knob(
             error = None
         except RuntimeError as exc:
             error = str(exc)
-        failed = {"error": error, "set": _base._thresholds_set,
+        failed = {"error": error, "set": glibc._thread_fix_made(),
                   "pinned": any("pinned glibc" in r for r in records)}
         threading.Thread.start = real
         trimmer.start()
-        ok = {"set": _base._thresholds_set, "pinned": any("pinned glibc" in r for r in records)}
+        ok = {"set": glibc._thread_fix_made(), "pinned": any("pinned glibc" in r for r in records)}
         trimmer.stop()
         emit(failed=failed, ok=ok, allocator=memreclaim.allocator())
         """

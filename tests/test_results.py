@@ -13,6 +13,7 @@ import pytest
 from conftest import ready_child
 
 import memreclaim
+from memreclaim import _core, _process
 
 MiB = 1 << 20
 
@@ -41,7 +42,7 @@ def test_asdict_turns_nested_results_and_copies_dicts() -> None:
 def test_collect_thread_returns_a_collect_result_whose_dict_keeps_the_old_keys() -> None:
     # collect_thread() returned a dict before 0.3; asdict() gives the same keys back.
     result = memreclaim.collect_thread()
-    assert isinstance(result, memreclaim.CollectResult) and isinstance(result, tuple)
+    assert isinstance(result, _core.CollectResult) and isinstance(result, tuple)
     data = memreclaim.asdict(result)
     assert list(data) == ["method", "anon_before", "anon_after", "seconds"]
     expected = "none" if memreclaim.allocator() in ("glibc", "unknown") else result.method
@@ -116,7 +117,7 @@ def holder() -> Any:
 
 def test_inspect_another_process(holder: Any) -> None:
     info = memreclaim.inspect(holder.pid)
-    assert isinstance(info, memreclaim.ProcessMemory)
+    assert isinstance(info, _process.ProcessMemory)
     assert info.pid == holder.pid and info.name.startswith("python")
     assert info.rss_anon is not None and info.rss_anon > 60 * MiB
     assert info.rss == info.rss_anon + (info.rss_file or 0) + (info.rss_shmem or 0)

@@ -108,11 +108,11 @@ def test_settings_match_the_real_files() -> None:
 
 def test_settings_are_a_struct_sequence(tmp_path: Path) -> None:
     settings = _core._thp_settings_at(fake_sysfs(tmp_path))
-    assert isinstance(settings, memreclaim.ThpSettings) and isinstance(settings, tuple)
-    assert type(_core.thp_settings()) is memreclaim.ThpSettings
+    assert isinstance(settings, _core.ThpSettings) and isinstance(settings, tuple)
+    assert type(_core.thp_settings()) is _core.ThpSettings
     assert (settings.mode, settings.pmd_enabled) == ("madvise", "inherit")
     assert settings.pmd_size == 2 * MiB
-    assert list(memreclaim.asdict(settings)) == list(memreclaim.ThpSettings.__match_args__)
+    assert list(memreclaim.asdict(settings)) == list(_core.ThpSettings.__match_args__)
 
 
 def test_settings_synthetic(tmp_path: Path) -> None:

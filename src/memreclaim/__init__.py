@@ -16,19 +16,14 @@ from __future__ import annotations
 
 from . import _core, _libraries
 from ._core import (
-    MMAP_THRESHOLD_MAX,
-    CollectResult,
     HeapStats,
     MemoryStats,
-    ThpSettings,
     TrimResult,
-    TrimTotals,
     UnsupportedAllocatorError,
     allocator,
     allocator_version,
     collect_thread,
     heap_stats,
-    malloc_info,
     pin_mmap_threshold,
     rss,
     set_purge_delay,
@@ -44,10 +39,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ._process import ProcessMemory, inspect
+    from ._process import inspect
     from .diagnosis import AllocationSite, Report, Snapshot, ameasure, diagnose, measure, snapshot
-    from .glibc import ArenaInfo, arenas, set_arena_max
-    from .memlimits import Limits, limits
+    from .memlimits import limits
     from .policy import PacingPolicy
     from .pools import (
         PoolReclaimStatus,
@@ -58,12 +52,10 @@ if TYPE_CHECKING:
     )
     from .remote import install_signal_handler
     from .runners import BackgroundTrimmer, Counters, TrimEvent, Watchdog
-    from .units import format_bytes, parse_bytes
 
 # Policy-layer names and the module each comes from, imported on first use: `import memreclaim`
 # plus trim()/stats()/rss() cost under 1 MiB of RSS (tests/test_import_cost.py).
 _LAZY_EXPORTS = {
-    **dict.fromkeys(("ArenaInfo", "arenas", "set_arena_max"), "glibc"),
     **dict.fromkeys(
         (
             "PoolReclaimStatus",
@@ -74,20 +66,28 @@ _LAZY_EXPORTS = {
         ),
         "pools",
     ),
-    **dict.fromkeys(("format_bytes", "parse_bytes"), "units"),
     **dict.fromkeys(
         ("AllocationSite", "Report", "Snapshot", "ameasure", "diagnose", "measure", "snapshot"),
         "diagnosis",
     ),
     **dict.fromkeys(("BackgroundTrimmer", "Counters", "TrimEvent", "Watchdog"), "runners"),
     "PacingPolicy": "policy",
-    **dict.fromkeys(("Limits", "limits"), "memlimits"),
-    **dict.fromkeys(("ProcessMemory", "inspect"), "_process"),
+    "limits": "memlimits",
+    "inspect": "_process",
     "install_signal_handler": "remote",
 }
 
 
 _LAZY_SUBMODULES = frozenset(("_pools", "glibc", "pools", "units"))
+
+# In 0.2.0 here, now in their own module (one release, then gone): name -> module.
+_MOVED = {
+    **dict.fromkeys(
+        ("MMAP_THRESHOLD_MAX", "ArenaInfo", "arenas", "malloc_info", "set_arena_max"), "glibc"
+    ),
+    **dict.fromkeys(("format_bytes", "parse_bytes"), "units"),
+    "Limits": "memlimits",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -96,6 +96,12 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBMODULES:  # were attributes when imported eagerly (PyCapsule_Import too)
         return importlib.import_module(f".{name}", __name__)
     module = _LAZY_EXPORTS.get(name)
+    if module is None and name in _MOVED:
+        from . import _deprecated
+
+        home = f"memreclaim.{_MOVED[name]}"
+        value = getattr(importlib.import_module(home), name)
+        return _deprecated.lookup(__name__, name, {name: (f"{home}.{name}", value)})
     if module is None:
         raise AttributeError(f"module 'memreclaim' has no attribute {name!r}")
 
@@ -109,49 +115,37 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "MMAP_THRESHOLD_MAX",
     "AllocationSite",
-    "ArenaInfo",
     "BackgroundTrimmer",
-    "CollectResult",
     "Counters",
     "HeapStats",
-    "Limits",
     "MemoryStats",
     "PacingPolicy",
     "PoolReclaimStatus",
     "PoolReclaimUnavailable",
-    "ProcessMemory",
     "Report",
     "Snapshot",
-    "ThpSettings",
     "TrimEvent",
     "TrimResult",
-    "TrimTotals",
     "UnsupportedAllocatorError",
     "Watchdog",
     "__version__",
     "allocator",
     "allocator_version",
     "ameasure",
-    "arenas",
     "asdict",
     "collect_thread",
     "diagnose",
     "enable_pool_reclaim",
     "estimate_pool_reclaim",
-    "format_bytes",
     "heap_stats",
     "inspect",
     "install_signal_handler",
     "limits",
-    "malloc_info",
     "measure",
-    "parse_bytes",
     "pin_mmap_threshold",
     "pool_reclaim_status",
     "rss",
-    "set_arena_max",
     "set_purge_delay",
     "set_thp_marking",
     "set_trim_threshold",
@@ -247,8 +241,8 @@ def asdict(result: object) -> dict[str, Any]:
     """A result as a plain dict, for JSON: every field by name, in the result's field order.
 
     The one dict form of every result type: the C core's struct sequences (:class:`TrimResult`,
-    :class:`MemoryStats`, :class:`HeapStats`, :class:`CollectResult`, ...), the frozen dataclasses
-    of the Python layers (:class:`ProcessMemory`, :class:`Limits`, :class:`Counters`,
+    :class:`MemoryStats`, :class:`HeapStats`, what :func:`collect_thread` returns, ...), the
+    frozen dataclasses of the Python layers (what :func:`inspect` returns, :class:`Counters`,
     :class:`TrimEvent`, ...) and named tuples. Results nested in fields (``MemoryStats.heap``)
     become dicts the same way; mappings (``parts``, ``figures``, ``libraries``, read-only mapping
     proxies) become new dicts; tuples and lists become lists; other values are kept as they are. The

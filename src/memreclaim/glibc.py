@@ -7,39 +7,43 @@ glibc's ``malloc_trim`` does not shrink the tops of non-main thread arenas. Boun
 no cost on loops of blocks under it; the runners (:mod:`memreclaim.runners`) do it at start
 unless the environment sets the thresholds (``_environment_thresholds``). A free of a chunk of
 64 KiB or more in an arena (:func:`nudge_arena`, made in the thread that owns it) gives back a
-top kept from before.
+top kept from before. The runners' fix for what other threads keep, once per process, is here
+too (``_fix_thread_retention``), with its mimalloc 2 counterpart: the purge delay to 0.
 
 Private, for the package and its tests only (made after 0.2.0, never released): the runners'
-environment check ``_environment_thresholds``, the earlier 128 KiB trim-threshold knob
-``_fix_thread_trim_threshold`` (``_THREAD_TRIM_THRESHOLD``; :func:`bound_thread_tops` replaced
-it), ``_arenas_retaining`` (the watchdog's old two-thread-arena trigger, no longer called) and
-``_NUDGE_BYTES``, the size :func:`nudge_arena` frees.
+environment check ``_environment_thresholds`` and ``_NUDGE_BYTES``, the size :func:`nudge_arena`
+frees.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from . import _core, _validate
-from ._core import UnsupportedAllocatorError
+from . import _core
+from ._core import MMAP_THRESHOLD_MAX, UnsupportedAllocatorError, malloc_info
+from .units import format_bytes
 
 if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
 
+_T = TypeVar("_T")
+logger = logging.getLogger("memreclaim")
+
 __all__ = [
+    "MMAP_THRESHOLD_MAX",
     "THREAD_TOP_BOUND",
     "ArenaInfo",
     "arenas",
     "bound_thread_tops",
+    "malloc_info",
     "nudge_arena",
     "set_arena_max",
 ]
-
-_THREAD_TRIM_THRESHOLD = 128 * 1024
-"""The trim threshold :func:`_fix_thread_trim_threshold` sets (bytes)."""
 
 THREAD_TOP_BOUND = 4 * 1024 * 1024
 """The trim threshold :func:`bound_thread_tops` sets (bytes): what a free leaves at most at the
@@ -136,48 +140,6 @@ def set_arena_max(n: int) -> None:
         )
 
 
-def _arenas_retaining(slack: int) -> tuple[int, int] | None:
-    """(thread arenas, bytes they map) when two or more thread arenas (not the main one) map more
-    than ``slack`` bytes between them; None otherwise, and when glibc does not serve malloc.
-
-    One parse of ``malloc_info()`` (microseconds to a few ms on a fragmented heap).
-
-    Raises:
-        TypeError: ``slack`` is not an int or a size string.
-        ValueError: ``slack`` is negative or not a size.
-    """
-    slack = _validate.size("slack", slack, allow_zero=True)
-    if _core.allocator() != "glibc":
-        return None
-    try:
-        others = [arena for arena in arenas() if arena.nr != 0]
-    except UnsupportedAllocatorError:  # glibc without malloc_info (hidden, or a wrapper)
-        return None
-    mapped = sum(arena.mapped for arena in others)
-    if len(others) >= 2 and mapped > slack:
-        return len(others), mapped
-    return None
-
-
-def _fix_thread_trim_threshold() -> int:
-    """Fix glibc's trim threshold at :data:`_THREAD_TRIM_THRESHOLD` and return it.
-
-    ``malloc_trim`` cannot shrink the tops of thread arenas; a free at a top does, when the top
-    exceeds the threshold. Fixing it also stops glibc's adaptive thresholds (as
-    ``set_trim_threshold`` does). It does not undo a top kept already: that goes back with the next
-    such free in that arena (:func:`nudge_arena`).
-
-    Raises:
-        UnsupportedAllocatorError: glibc does not serve malloc.
-    """
-    if _core.allocator() != "glibc":
-        raise UnsupportedAllocatorError(
-            f"the trim threshold is glibc's; malloc is served by {_core.allocator()}"
-        )
-    _core.set_trim_threshold(_THREAD_TRIM_THRESHOLD)
-    return _THREAD_TRIM_THRESHOLD
-
-
 def bound_thread_tops() -> tuple[int, int]:
     """Bound every arena's free top with no cost cliff; return (mmap threshold, trim threshold).
 
@@ -188,8 +150,8 @@ def bound_thread_tops() -> tuple[int, int]:
     one or a thread's, gives the rest back (``malloc_trim`` never shrinks a thread arena's top:
     this does, as the thread frees). A loop of blocks under the bound costs nothing more; only
     blocks between the bound and 32 MiB give pages back at each free
-    (``benchmarks/bench_knob_cost.py``). Like :func:`_fix_thread_trim_threshold` it stops glibc's
-    adaptive thresholds, and it does not undo a top kept already (:func:`nudge_arena`).
+    (``benchmarks/bench_knob_cost.py``). It stops glibc's adaptive thresholds, and it does not
+    undo a top kept already (:func:`nudge_arena`).
 
     Raises:
         UnsupportedAllocatorError: glibc does not serve malloc.
@@ -234,3 +196,99 @@ def nudge_arena() -> None:
     """
     block = bytearray(_NUDGE_BYTES)
     del block
+
+
+# ---- what other threads keep: the runners' fix, once per process ---------------------------
+
+_thread_fix = False
+"""Whether the fix below was made (or refused, or left to the environment) in this process."""
+
+
+def _thread_fix_made() -> bool:
+    """The thread-retention fix was tried in this process (its knobs stay set in a fork)."""
+    return _thread_fix
+
+
+def _mimalloc_2() -> bool:
+    """mimalloc 2.x serves malloc: memory a live thread freed stays queued in that thread."""
+    version = _core.allocator_version() if _core.allocator() == "mimalloc" else None
+    return version is not None and version.startswith("2.")
+
+
+def _set_knob(apply: Callable[[], _T], what: str, reason: str) -> _T | None:
+    """``apply()``, or None when the allocator refuses (e.g. a sanitizer that interposes malloc
+    leaves glibc without mallopt): the runner runs on with the allocator as it is; said once."""
+    try:
+        return apply()
+    except (UnsupportedAllocatorError, OSError, ValueError) as exc:
+        logger.info("memreclaim: could not %s (%s): %s", what, reason, exc)
+        return None
+
+
+def _fix_thread_retention(reason: str) -> bool:
+    """Make frees in other threads give their memory back, once per process; log it once.
+
+    glibc: bound every arena's top (:func:`bound_thread_tops`: ``malloc_trim`` cannot shrink
+    the tops of thread arenas; a free at a top does, above the trim threshold), unless the
+    environment sets glibc's thresholds. mimalloc 2: the purge delay to 0 (a live thread's
+    freed pages wait for that thread's next visit to its segment; measured: a worker's 400 MiB
+    spike stays resident after any trim, 177 MiB as with ``MIMALLOC_RESET_DELAY=0``).
+    True when a knob was set now.
+    """
+    global _thread_fix
+    if _thread_fix:
+        return False
+    if _core.allocator() == "glibc":
+        _thread_fix = True
+        return _bound_tops_unless_set(reason)
+    if _mimalloc_2():
+        _thread_fix = True
+        previous = _set_knob(lambda: _core.set_purge_delay(0), "set mimalloc's purge delay", reason)
+        if previous is None:
+            return False
+        logger.info(
+            "memreclaim: set mimalloc's purge delay to 0 ms, was %d (%s): mimalloc 2 keeps what"
+            " a live thread freed until that thread returns to it; pages freed from now on go"
+            " back as they become free",
+            previous,
+            reason,
+        )
+        return True
+    return False
+
+
+def _bound_tops_unless_set(reason: str) -> bool:
+    """:func:`bound_thread_tops`, logged, unless the environment sets glibc's thresholds."""
+    setting = _environment_thresholds()
+    if setting is not None:
+        logger.info(
+            "memreclaim: left glibc's thresholds as the environment sets them (%s; %s):"
+            " the tops of thread arenas keep what those settings let them keep",
+            setting,
+            reason,
+        )
+        return False
+    bound = _set_knob(bound_thread_tops, "bound glibc's arena tops", reason)
+    if bound is None:
+        return False
+    mmap_threshold, trim_threshold = bound
+    logger.info(
+        "memreclaim: pinned glibc's mmap threshold at %s and its trim threshold at %s"
+        " (%s): malloc_trim cannot shrink the tops of thread arenas; a free at any arena's"
+        " top now gives back what it keeps above %s (a top kept already goes back with"
+        " the next such free in that arena)",
+        format_bytes(mmap_threshold),
+        format_bytes(trim_threshold),
+        reason,
+        format_bytes(trim_threshold),
+    )
+    return True
+
+
+def _give_back_thread_share() -> None:
+    """In the thread that freed (a hook), once the fix is made: glibc's :func:`nudge_arena`, or
+    under mimalloc 2 this thread's collect (only the thread that freed can give back)."""
+    if _core.allocator() == "glibc":
+        nudge_arena()
+    else:  # mimalloc 2: this thread's share (its queued pages), handed over
+        _core.collect_thread(abandon=True)

@@ -6,7 +6,7 @@ the shared :mod:`~memreclaim.runners._base`); this module re-exports them.
 
 from __future__ import annotations
 
-from . import _deprecated, glibc
+from . import _deprecated
 from ._daemon import _at_exit as _at_exit
 from .policy import Decision, PacingPolicy
 from .runners._base import MAX_INTERVAL as MAX_INTERVAL
@@ -24,11 +24,14 @@ __all__ = [
     "Watchdog",
 ]
 
+_THREAD_TRIM_THRESHOLD = 128 * 1024
+"""The trim threshold the runners set in 0.2.0 (bytes), for the shim below."""
+
 # In 0.2.0 (importable, not in __all__); one release, then gone.
 _PRIVATE: dict[str, tuple[str, object]] = {
     "THREAD_TRIM_THRESHOLD": (
         "memreclaim.glibc.bound_thread_tops() (the runners' knob now, THREAD_TOP_BOUND)",
-        glibc._THREAD_TRIM_THRESHOLD,
+        _THREAD_TRIM_THRESHOLD,
     ),
 }
 

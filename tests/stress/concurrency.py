@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         heavy: list[tuple[str, Callable[[], None]]] = [
             ("stats(heap=True)", lambda: check_stats(memreclaim.stats(heap=True))),
             ("heap_stats", lambda: check_heap(memreclaim.heap_stats())),
-            ("malloc_info", lambda: assert_xml(memreclaim.malloc_info())),
-            ("arenas", lambda: assert_arenas(memreclaim.arenas())),
+            ("malloc_info", lambda: assert_xml(memreclaim.glibc.malloc_info())),
+            ("arenas", lambda: assert_arenas(memreclaim.glibc.arenas())),
         ]
         if not glibc:  # malloc_info and arenas are glibc's; statistics where there are some
             heavy = (
@@ -224,7 +224,7 @@ def assert_xml(text: str) -> None:
     assert text.startswith("<malloc"), text[:80]
 
 
-def assert_arenas(arenas: list[memreclaim.ArenaInfo]) -> None:
+def assert_arenas(arenas: list[memreclaim.glibc.ArenaInfo]) -> None:
     assert arenas and all(arena.mapped >= 0 for arena in arenas), arenas
 
 

@@ -36,7 +36,7 @@ OBJECTS_LIMIT = 50
 REFS_LIMIT = 200
 
 FULL = 100_000
-# arenas() and memreclaim.set_arena_max() parse malloc_info()'s XML in Python (~60 us a call):
+# arenas() and memreclaim.glibc.set_arena_max() parse malloc_info()'s XML in Python (~60 us a call):
 # 20,000 calls keep the case at ~1 s; the C malloc_info() under them gets the full 100,000.
 XML = 20_000
 
@@ -105,15 +105,15 @@ def cases(canary: bool) -> list[tuple[str, Callable[[], object], int]]:
         ("_core.set_arena_max(8)", lambda: _core.set_arena_max(8), FULL),
         ("_core.set_arena_max(0) ValueError", lambda: _core.set_arena_max(0), FULL),
         ("_core.set_arena_max(-2**70) OverflowError", lambda: _core.set_arena_max(-(2**70)), FULL),
-        ("memreclaim.set_arena_max(8)", lambda: memreclaim.set_arena_max(8), XML),
-        ("memreclaim.set_arena_max(None) TypeError", lambda: loose.set_arena_max(None), FULL),
-        ("malloc_info()", memreclaim.malloc_info, FULL),
+        ("memreclaim.glibc.set_arena_max(8)", lambda: memreclaim.glibc.set_arena_max(8), XML),
+        ("memreclaim.glibc.set_arena_max(None) TypeError", lambda: loose.set_arena_max(None), FULL),
+        ("malloc_info()", memreclaim.glibc.malloc_info, FULL),
         ("malloc_info(1) TypeError", lambda: loose.malloc_info(1), FULL),
-        ("arenas()", memreclaim.arenas, XML),
-        ("parse_bytes('1.5 MiB')", lambda: memreclaim.parse_bytes("1.5 MiB"), FULL),
-        ("parse_bytes('1 XB') ValueError", lambda: memreclaim.parse_bytes("1 XB"), FULL),
+        ("arenas()", memreclaim.glibc.arenas, XML),
+        ("parse_bytes('1.5 MiB')", lambda: memreclaim.units.parse_bytes("1.5 MiB"), FULL),
+        ("parse_bytes('1 XB') ValueError", lambda: memreclaim.units.parse_bytes("1 XB"), FULL),
         ("parse_bytes(None) TypeError", lambda: loose.parse_bytes(None), FULL),
-        ("format_bytes(3 << 20)", lambda: memreclaim.format_bytes(3 << 20), FULL),
+        ("format_bytes(3 << 20)", lambda: memreclaim.units.format_bytes(3 << 20), FULL),
         ("format_bytes('x') TypeError", lambda: loose.format_bytes("x"), FULL),
     ]
     if canary:

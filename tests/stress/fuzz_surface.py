@@ -161,15 +161,15 @@ TARGETS: dict[str, tuple[Callable[..., object], Any, Callable[[object], bool]]] 
     "pin_mmap_threshold": (memreclaim.pin_mmap_threshold, shaped("one"), _is(type(None))),
     "set_trim_threshold": (memreclaim.set_trim_threshold, shaped("one"), _is(type(None))),
     "_core.set_arena_max": (_core.set_arena_max, shaped("one"), _is(type(None))),
-    "set_arena_max": (memreclaim.set_arena_max, shaped("one"), _is(type(None))),
-    "malloc_info": (memreclaim.malloc_info, shaped("none"), _is(str)),
-    "arenas": (memreclaim.arenas, shaped("none"), _is(list)),
+    "set_arena_max": (memreclaim.glibc.set_arena_max, shaped("one"), _is(type(None))),
+    "malloc_info": (memreclaim.glibc.malloc_info, shaped("none"), _is(str)),
+    "arenas": (memreclaim.glibc.arenas, shaped("none"), _is(list)),
     "parse_bytes": (
-        memreclaim.parse_bytes,
+        memreclaim.units.parse_bytes,
         shaped("one"),
         lambda value: isinstance(value, int) and value >= 0,
     ),
-    "format_bytes": (memreclaim.format_bytes, shaped("one"), _is(str)),
+    "format_bytes": (memreclaim.units.format_bytes, shaped("one"), _is(str)),
 }
 
 

@@ -60,8 +60,8 @@ def probe() -> dict[str, Any]:
         "stats": memreclaim.stats,
         "stats_heap": lambda: memreclaim.stats(heap=True),
         "heap_stats": memreclaim.heap_stats,
-        "malloc_info": lambda: memreclaim.malloc_info()[:40],
-        "arenas": lambda: len(memreclaim.arenas()),
+        "malloc_info": lambda: memreclaim.glibc.malloc_info()[:40],
+        "arenas": lambda: len(memreclaim.glibc.arenas()),
         "mimalloc_areas": lambda: sorted(
             memreclaim.asdict(_core.mimalloc_areas(64 * 1024, 1_000_000))
         ),
@@ -73,7 +73,7 @@ def probe() -> dict[str, Any]:
         "pin_mmap_threshold": lambda: memreclaim.pin_mmap_threshold(128 * 1024),
         "set_trim_threshold": lambda: memreclaim.set_trim_threshold(128 * 1024),
         "core_set_arena_max": lambda: _core.set_arena_max(8),
-        "set_arena_max": lambda: memreclaim.set_arena_max(8),
+        "set_arena_max": lambda: memreclaim.glibc.set_arena_max(8),
         "bad_pin_type": lambda: memreclaim.pin_mmap_threshold("64 KiB"),  # type: ignore[arg-type]
         "bad_pin_value": lambda: memreclaim.pin_mmap_threshold(0),
         "bad_trim_threshold": lambda: memreclaim.set_trim_threshold(-1),

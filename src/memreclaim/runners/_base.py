@@ -25,7 +25,8 @@ reports the outcome back to the policy, its counters, the log and the ``on_trim`
   ``GLIBC_TUNABLES``). Under mimalloc 2 (a live thread's freed pages wait for that thread) the
   purge delay goes to 0 (``set_purge_delay(0)``) when a trim leaves more than ``slack`` with
   three or more threads. ``thresholds=None`` (the default): that; ``True``: at start under
-  either allocator; ``False``: never.
+  either allocator; ``False``: never. (The heuristics and their once-per-process state live in
+  :mod:`memreclaim.glibc`; the runner says when.)
 """
 
 from __future__ import annotations
@@ -39,20 +40,19 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self
 
 import memreclaim
 
 from .. import _core, _libraries, _validate, glibc
 from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
 from ..memlimits import UsageAlarm, auto_limit
-from ..policy import Decision, PacingPolicy
+from ..policy import Decision, PacingPolicy, Reading, TrimOutcome
 from ..units import format_bytes
 from .wakeups import WAKE_KINDS, UsageAlarmSource, Wake, Wakeups, open_source
 
 __all__ = ["Counters", "Gate", "StartStop", "TrimEvent"]
 
-_T = TypeVar("_T")
 logger = logging.getLogger("memreclaim")
 
 Gate = Literal["idle", "deadline", "ungated", "thread", "hook"]
@@ -64,7 +64,6 @@ MAX_INTERVAL = 3600.0
 
 # One lock for every runner of the process: two trims at once would walk the same arenas twice.
 _TRIM_LOCK = threading.Lock()
-_thresholds_set = False
 
 
 def _traced() -> int | None:
@@ -89,21 +88,11 @@ def _heap() -> HeapStats | None:
         return None
 
 
-def _free_bytes() -> int | None:
-    """The allocator's free bytes (glibc mallinfo2), or None when it does not say."""
-    heap = _heap()
-    return None if heap is None else heap.free
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
 def _vsize() -> int | None:
-    """The mapped address space in bytes (``/proc/self/statm``'s first field), or None."""
+    """The mapped address space in bytes (``VmSize``, read by the C core), or None."""
     try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[0]) * _PAGE
-    except (OSError, ValueError, IndexError):
+        return _core.process_status(os.getpid()).virtual
+    except OSError:
         return None
 
 
@@ -111,13 +100,12 @@ _thp_always: bool | None = None
 
 
 def _thp_is_always() -> bool:
-    """Whether transparent huge pages are ``enabled=always`` (read once per process): then
-    khugepaged may fault back in the free pages a trim released, with no allocation."""
+    """Whether transparent huge pages are ``enabled=always`` (read once per process, by the C
+    core): then khugepaged may fault back in the free pages a trim released, with no allocation."""
     global _thp_always
     if _thp_always is None:
         try:
-            with open("/sys/kernel/mm/transparent_hugepage/enabled") as mode:
-                _thp_always = "[always]" in mode.read()
+            _thp_always = _core.thp_settings().enabled == "always"
         except OSError:
             _thp_always = False
     return _thp_always
@@ -141,78 +129,6 @@ def _mapped(heap: HeapStats | None) -> int | None:
     if heap is None or heap.mapped is None:
         return None
     return heap.mapped + _libraries.in_use()
-
-
-def _mimalloc_2() -> bool:
-    """mimalloc 2.x serves malloc: memory a live thread freed stays queued in that thread."""
-    version = memreclaim.allocator_version() if memreclaim.allocator() == "mimalloc" else None
-    return version is not None and version.startswith("2.")
-
-
-def _set_knob(apply: Callable[[], _T], what: str, reason: str) -> _T | None:
-    """``apply()``, or None when the allocator refuses (e.g. a sanitizer that interposes malloc
-    leaves glibc without mallopt): the runner runs on with the allocator as it is; said once."""
-    try:
-        return apply()
-    except (UnsupportedAllocatorError, OSError, ValueError) as exc:
-        logger.info("memreclaim: could not %s (%s): %s", what, reason, exc)
-        return None
-
-
-def _fix_thread_thresholds(reason: str) -> bool:
-    """Make frees in other threads give their memory back, once per process; log it once.
-
-    glibc: bound every arena's top (``glibc.bound_thread_tops``: ``malloc_trim`` cannot shrink
-    the tops of thread arenas; a free at a top does, above the trim threshold), unless the
-    environment sets glibc's thresholds. mimalloc 2: the purge delay to 0 (a live thread's
-    freed pages wait for that thread's next visit to its segment; measured: a worker's 400 MiB
-    spike stays resident after any trim, 177 MiB as with ``MIMALLOC_RESET_DELAY=0``).
-    """
-    global _thresholds_set
-    if _thresholds_set:
-        return False
-    if memreclaim.allocator() == "glibc":
-        _thresholds_set = True
-        setting = glibc._environment_thresholds()
-        if setting is not None:
-            logger.info(
-                "memreclaim: left glibc's thresholds as the environment sets them (%s; %s):"
-                " the tops of thread arenas keep what those settings let them keep",
-                setting,
-                reason,
-            )
-            return False
-        bound = _set_knob(glibc.bound_thread_tops, "bound glibc's arena tops", reason)
-        if bound is None:
-            return False
-        mmap_threshold, trim_threshold = bound
-        logger.info(
-            "memreclaim: pinned glibc's mmap threshold at %s and its trim threshold at %s"
-            " (%s): malloc_trim cannot shrink the tops of thread arenas; a free at any arena's"
-            " top now gives back what it keeps above %s (a top kept already goes back with"
-            " the next such free in that arena)",
-            format_bytes(mmap_threshold),
-            format_bytes(trim_threshold),
-            reason,
-            format_bytes(trim_threshold),
-        )
-        return True
-    if _mimalloc_2():
-        _thresholds_set = True
-        previous = _set_knob(
-            lambda: memreclaim.set_purge_delay(0), "set mimalloc's purge delay", reason
-        )
-        if previous is None:
-            return False
-        logger.info(
-            "memreclaim: set mimalloc's purge delay to 0 ms, was %d (%s): mimalloc 2 keeps what"
-            " a live thread freed until that thread returns to it; pages freed from now on go"
-            " back as they become free",
-            previous,
-            reason,
-        )
-        return True
-    return False
 
 
 # ---- reporting ------------------------------------------------------------------------------
@@ -443,15 +359,17 @@ class _Runner:
         with self._lock:
             in_flight = self._in_flight if self._requests_seen else None
             decision = self._policy.decide(
-                now,
-                current,
-                traced=traced,
-                free=None if heap is None else heap.free,
-                in_flight=in_flight,
-                settled=settled,
-                in_use=_in_use(heap),
-                vsize=vsize,
-                mapped=_mapped(heap),
+                Reading(
+                    now,
+                    current,
+                    traced=traced,
+                    free=None if heap is None else heap.free,
+                    in_flight=in_flight,
+                    settled=settled,
+                    in_use=_in_use(heap),
+                    vsize=vsize,
+                    mapped=_mapped(heap),
+                )
             )
             growth = self._policy.growth(current, traced)
             skipped = {
@@ -495,17 +413,19 @@ class _Runner:
             reason = self._policy.reason
             retest = self._policy.retesting
             productive = self._policy.record_trim(
-                now,
-                growth=growth,
-                released=released,
-                rss_after=rss_after,
-                seconds=result.seconds,
-                traced=_traced(),
-                free=None if heap is None else heap.free,
-                in_use=_in_use(heap),
-                mapped=mapped,
-                vsize=_regrowth_vsize() if heap is not None else None,
-                unreached=unreached,
+                TrimOutcome(
+                    now,
+                    growth=growth,
+                    released=released,
+                    rss_after=rss_after,
+                    seconds=result.seconds,
+                    traced=_traced(),
+                    free=None if heap is None else heap.free,
+                    in_use=_in_use(heap),
+                    mapped=mapped,
+                    vsize=_regrowth_vsize() if heap is not None else None,
+                    unreached=unreached,
+                )
             )
             provisional = self._policy.provisional
             retest_due = self._policy.retest_due
@@ -564,9 +484,9 @@ class _Runner:
         purge delay to 0. (glibc's arena tops are bounded at start, in :meth:`_reset_policy`,
         unless ``thresholds=False``: a top kept by an idle worker before a trigger fired would
         stay, as no free in that arena comes.)"""
-        if _thresholds_set or not _mimalloc_2():
+        if glibc._thread_fix_made() or not glibc._mimalloc_2():
             return
-        _fix_thread_thresholds(
+        glibc._fix_thread_retention(
             f"{threading.active_count()} threads, a trim left more than"
             f" {format_bytes(slack)} over the floor"
         )
@@ -580,16 +500,13 @@ class _Runner:
         once the tops are back. Under mimalloc 2 it is this thread's collect
         (``_core.collect_thread(abandon=True)``): only the thread that freed can give back.
         """
-        if not _thresholds_set:
+        if not glibc._thread_fix_made():
             return
         with self._lock:
             floor, level = self._policy.floor, self._policy.level
             slack = self._policy.slack
         if floor is not None and level is not None and level - floor > slack:
-            if memreclaim.allocator() == "glibc":
-                glibc.nudge_arena()
-            else:  # mimalloc 2: this thread's share (its queued pages), handed over
-                _core.collect_thread(abandon=True)
+            glibc._give_back_thread_share()
 
     def _woken(self, wakes: list[Wake]) -> None:
         logger.debug(
@@ -663,11 +580,18 @@ class _Runner:
             self._wakeups._forget_after_fork()
             self._wakeups = None
 
-    def _reset_policy(self) -> None:
+    def _apply_knobs(self) -> None:
+        """The allocator knobs ``thresholds`` asks for (glibc's arena tops, mimalloc 2's purge
+        delay): set once per process, by the first runner that starts."""
         if self._thresholds:
-            _fix_thread_thresholds("thresholds=True")
+            glibc._fix_thread_retention("thresholds=True")
         elif self._thresholds is None and memreclaim.allocator() == "glibc":
-            _fix_thread_thresholds("at start: thresholds=None under glibc")
+            glibc._fix_thread_retention("at start: thresholds=None under glibc")
+
+    def _reset_policy(self, *, knobs: bool = True) -> None:
+        """Take the floor now (and, with ``knobs``, first set the allocator knobs)."""
+        if knobs:
+            self._apply_knobs()
         current = rss()
         heap = _heap()
         with self._lock:

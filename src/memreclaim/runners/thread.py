@@ -13,8 +13,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-import memreclaim
-
 from .. import _validate
 from .._daemon import DaemonThread
 from ..policy import PacingPolicy
@@ -23,7 +21,6 @@ from ._base import (
     Gate,
     StartStop,
     TrimEvent,
-    _fix_thread_thresholds,
     _instances,
     _Runner,
     logger,
@@ -119,16 +116,13 @@ class BackgroundTrimmer(_Runner, StartStop):
             wakeups = self._wakeups = self._open_wakeups()
             # The floor now; the allocator's knobs (glibc's thresholds) only once the thread
             # runs: a start that fails changes no allocator setting.
-            knobs, self._thresholds = self._thresholds, False
             try:
-                self._reset_policy()
+                self._reset_policy(knobs=False)
             except BaseException:
                 self._wakeups = None
                 if wakeups is not None:
                     wakeups.close()
                 raise
-            finally:
-                self._thresholds = knobs
 
             def cleanup() -> None:
                 self._wakeups = None
@@ -138,10 +132,7 @@ class BackgroundTrimmer(_Runner, StartStop):
             return (lambda: self._run(stop_event, wakeups)), cleanup
 
         self._worker.start(setup)
-        if self._thresholds:
-            _fix_thread_thresholds("thresholds=True")
-        elif self._thresholds is None and memreclaim.allocator() == "glibc":
-            _fix_thread_thresholds("at start: thresholds=None under glibc")
+        self._apply_knobs()
 
     def stop(self, timeout: float | None = 5.0) -> bool:
         """Stop the thread and wait up to ``timeout`` seconds for it (a trim in flight finishes).
