@@ -98,6 +98,11 @@ class Report:
     python_reason: str | None = None
     #: The trim the diagnosis made (what it called, what it gave back, how long it took).
     trim: TrimResult | None = None
+    #: Without tracemalloc: steady growth of pymalloc's allocated small blocks (bytes), the
+    #: untraced pass's Python signal; None when traced.
+    untraced_python: int | None = None
+    #: Calls of the measured code per run (iteration), when given: the leak per call.
+    calls: int | None = None
 
     def components(self) -> dict[str, int]:
         """The measured components (missing ones as 0): leaks first, each group largest first,
@@ -146,6 +151,11 @@ class Report:
         return self.leak // max(self.iterations, 1)
 
     @property
+    def leak_per_call(self) -> int | None:
+        """:attr:`leak_per_iteration` divided by :attr:`calls`, or None when calls is unknown."""
+        return None if self.calls is None else self.leak_per_iteration // self.calls
+
+    @property
     def retained(self) -> int:
         """What stays resident after a trim: leaks plus pymalloc and unreclaimed retention."""
         return self.leak + self.pymalloc_retention + self.unreclaimed_retention
@@ -171,6 +181,9 @@ class Report:
         extra = []
         if name in LEAK_KINDS and self.iterations > 1:
             extra.append(f"{format_bytes(value // self.iterations)} per iteration")
+        if name in LEAK_KINDS and self.calls is not None:
+            per_call = value // max(self.iterations, 1) // self.calls
+            extra.append(f"{format_bytes(per_call)} per call, {self.calls} calls per run")
         if name == "native_leak" and self.traced_growth is not None:
             extra.append(f"tracemalloc saw {format_bytes(max(self.traced_growth, 0))}")
         if name == "mapped_leak":
