@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tracemalloc
 from dataclasses import dataclass, field
@@ -35,10 +36,16 @@ class AllocationSite:
     size: int
     count: int
     traceback: tuple[str, ...] = ()
+    #: The installed distribution the allocation belongs to ("ujson 5.12.0 (C extension
+    #: ujson.cpython-311-x86_64-linux-gnu.so)"): the file's own, or that of a C extension whose
+    #: function is called on the line; None for the user's code and the standard library.
+    owner: str | None = None
 
     def __str__(self) -> str:
         text = f"{_short(self.filename)}:{self.lineno}: +{format_bytes(self.size)} in"
         text += f" {self.count:+d} blocks"
+        if self.owner is not None:
+            text += f" [inside {self.owner}]"
         if len(self.traceback) > 1:
             text += "\n      " + "\n      ".join(f"called from {t}" for t in self.traceback[-2::-1])
         return text
@@ -184,6 +191,8 @@ class Report:
         if name in LEAK_KINDS and self.calls is not None:
             per_call = value // max(self.iterations, 1) // self.calls
             extra.append(f"{format_bytes(per_call)} per call, {self.calls} calls per run")
+        if name == "python_leak" and self.python_owner() is not None:
+            extra.append(f"allocated inside {self.python_owner()}")
         if name == "native_leak" and self.traced_growth is not None:
             extra.append(f"tracemalloc saw {format_bytes(max(self.traced_growth, 0))}")
         if name == "mapped_leak":
@@ -228,6 +237,14 @@ class Report:
             return "heap pages around the leaked blocks, not returned by trim"
         return "heap pages that live blocks keep in use, not returned by trim; not a leak"
 
+    def python_owner(self) -> str | None:
+        """The installed distribution that allocated most of the Python leak (its largest
+        allocation site's owner, when that site holds at least half of the leak), or None."""
+        if not self.top_sites or not self.python_leak:
+            return None
+        site = self.top_sites[0]
+        return site.owner if site.size * 2 >= self.python_leak else None
+
     def advice(self) -> list[str]:
         """What to do next, one line per significant component."""
         tips = {
@@ -248,6 +265,14 @@ class Report:
             "one_time": "Memory filled once and then kept (a cache, a pool, lazy imports): "
             "warmup=1 keeps it out of the measurement; bound it if it must not grow.",
         }
+        owner = self.python_owner()
+        if owner is not None:
+            tips["python_leak"] = (
+                f"The objects are allocated inside {owner}, called from the top site below: if"
+                " your code keeps no reference to them, the leak is in that package (a refcount"
+                " bug in a C extension, or its own cache); check its issue tracker or a newer"
+                " release."
+            )
         if self.arena_tops >= self.noise_floor and self.allocator == "glibc":
             tips["allocator_retention"] += (
                 " Thread-arena tops are given back by a trim made in the thread that owns the"
@@ -363,4 +388,12 @@ def _top_sites(
         )
         sites.append(AllocationSite(name, line, size, count, stack))
     sites.sort(key=lambda s: -s.size)
-    return tuple(sites[:top])
+    return tuple(_owned(site) for site in sites[:top])
+
+
+def _owned(site: AllocationSite) -> AllocationSite:
+    """``site`` with its owner (see :mod:`._attribute`), if it has one."""
+    from ._attribute import owner
+
+    found = owner(site.filename, site.lineno)
+    return dataclasses.replace(site, owner=str(found)) if found is not None else site
