@@ -609,7 +609,32 @@ class _Protocol:
                 " had to attribute"
             )
             first = dataclasses.replace(first, notes=tuple(notes))
+        if "native_leak" in first.leaks():
+            first = yield from self._native_pass(first)
         self._report = dataclasses.replace(first, calls=self._calls)
+
+    def _native_pass(self, report: Report) -> Generator[bool, None, Report]:
+        """A native leak: ``repeat`` more runs under memray's native tracker (where installed)
+        name the function and shared object that allocate the growing blocks."""
+        from ._native import NativeTrace
+
+        trace = NativeTrace()
+        with trace:
+            for _ in range(self._repeat if trace.reason is None else 0):
+                yield False
+        found = trace.sites()
+        if isinstance(found, str):
+            return dataclasses.replace(report, notes=(*report.notes, f"native sites: {found}"))
+        note = (
+            f"native sites: from memray's native traces over {self._repeat} more"
+            f" run{'s' if self._repeat != 1 else ''}"
+        )
+        return dataclasses.replace(
+            report,
+            native_sites=tuple(str(site) for site in found),
+            native_owner=found[0].where if found else None,
+            notes=(*report.notes, note),
+        )
 
     def _pass(
         self, traced: bool, untraced: float | None, last: bool

@@ -30,6 +30,7 @@ _STDLIB = {
     for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"))
     if p
 }
+_STDLIB_DYNLOAD = {os.path.join(p, "lib-dynload") for p in _STDLIB}
 _EXTENSION_SUFFIXES = (".so", ".pyd")
 
 
@@ -140,9 +141,15 @@ def called_extension(filename: str, lineno: int) -> Owner | None:
         if obj is None or not callable(obj):
             continue
         path = _extension_file(obj)
-        dist = distribution_of(path) if path is not None else None
-        if path is not None and dist is not None:
+        if path is None:
+            continue
+        dist = distribution_of(path)
+        if dist is not None:
             return Owner(dist[0], dist[1], os.path.basename(path))
+        if os.path.realpath(os.path.dirname(path)) not in _STDLIB_DYNLOAD:
+            # A C extension outside any distribution (built in place): named by its module.
+            module = getattr(obj, "__module__", None) or os.path.basename(path).split(".")[0]
+            return Owner(str(module), "(not an installed distribution)", os.path.basename(path))
     return None
 
 

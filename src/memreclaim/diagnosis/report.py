@@ -110,6 +110,12 @@ class Report:
     untraced_python: int | None = None
     #: Calls of the measured code per run (iteration), when given: the leak per call.
     calls: int | None = None
+    #: A native leak's largest groups of blocks still allocated after more runs under memray's
+    #: native tracker: "function in /path/lib.so: +6.0 MiB in 6144 blocks (called from ...)".
+    native_sites: tuple[str, ...] = ()
+    #: The function and shared object that allocate most of the native leak ("leaky_keep_record
+    #: in /path/libleaky.so"), or None when not named (see the notes).
+    native_owner: str | None = None
 
     def components(self) -> dict[str, int]:
         """The measured components (missing ones as 0): leaks first, each group largest first,
@@ -193,6 +199,8 @@ class Report:
             extra.append(f"{format_bytes(per_call)} per call, {self.calls} calls per run")
         if name == "python_leak" and self.python_owner() is not None:
             extra.append(f"allocated inside {self.python_owner()}")
+        if name == "native_leak" and self.native_owner is not None:
+            extra.append(f"allocated in {self.native_owner}")
         if name == "native_leak" and self.traced_growth is not None:
             extra.append(f"tracemalloc saw {format_bytes(max(self.traced_growth, 0))}")
         if name == "mapped_leak":
@@ -265,6 +273,12 @@ class Report:
             "one_time": "Memory filled once and then kept (a cache, a pool, lazy imports): "
             "warmup=1 keeps it out of the measurement; bound it if it must not grow.",
         }
+        if self.native_owner is not None:
+            tips["native_leak"] = (
+                f"C code allocated without freeing: {self.native_owner} allocates the blocks"
+                " that stay (see the native allocation sites); check that library's release"
+                " notes and issue tracker, or the code that calls it."
+            )
         owner = self.python_owner()
         if owner is not None:
             tips["python_leak"] = (
@@ -333,6 +347,9 @@ class Report:
                 f"cost: measured iterations ran {self.slowdown:.1f}x the untraced warm-up"
                 f" (tracemalloc, {self.frames} frame{'s' if self.frames != 1 else ''})"
             )
+        if self.native_sites:
+            lines.append("native allocation sites (blocks still allocated, memray):")
+            lines.extend(f"  {site}" for site in self.native_sites)
         if self.top_sites:
             lines.append("top allocation sites (traced growth):")
             lines.extend(f"  {site}" for site in self.top_sites)

@@ -1,0 +1,121 @@
+"""Reports that say which library leaks: C code built here for the purpose, measured in a fresh
+interpreter through ``measure()`` (trace="auto").
+
+* a refcount leak in a C extension (``mr_refleak.make`` returns a bytes object with one reference
+  too many): a Python leak whose allocating frame is the caller's line; the report names the
+  extension;
+* a native leak in a shared library (``leaky_keep_record`` mallocs 1 KiB and never frees it,
+  called 2,048 times per call of ``leaky_call``): the report names the function and the shared
+  object (memray's native traces; skipped without memray), and the bytes per call.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import shared_library
+
+pytestmark = pytest.mark.timeout(600)
+
+REFLEAK = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+static PyObject *make(PyObject *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "size must be >= 0");
+        return NULL;
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, n);
+    if (bytes == NULL) return NULL;
+    memset(PyBytes_AS_STRING(bytes), 1, (size_t)n);
+    Py_INCREF(bytes); /* the bug: a reference taken and never given back */
+    return bytes;
+}
+
+static PyMethodDef methods[] = {{"make", make, METH_O, "a bytes object, leaked"}, {NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "mr_refleak", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_mr_refleak(void) { return PyModule_Create(&module); }
+"""
+
+NATIVE = r"""
+#include <stdlib.h>
+#include <string.h>
+void *leaky_keep_record(size_t n) { void *p = malloc(n); if (p) memset(p, 1, n); return p; }
+void leaky_call(int count) { for (int i = 0; i < count; i++) leaky_keep_record(1024); }
+"""
+
+
+def _extension(folder: Path) -> Path:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    include = sysconfig.get_paths()["include"]
+    if compiler is None or not Path(include, "Python.h").exists():
+        pytest.skip("no C compiler or Python headers to build the extension")
+    source = folder / "mr_refleak.c"
+    source.write_text(REFLEAK)
+    target = folder / ("mr_refleak" + sysconfig.get_config_var("EXT_SUFFIX"))
+    proc = subprocess.run(
+        [compiler, "-O1", "-shared", "-fPIC", f"-I{include}", "-o", str(target), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return target
+
+
+def _run(run_python: Callable[..., dict[str, Any]], folder: Path, module: str) -> dict[str, Any]:
+    (folder / "workmod.py").write_text(module)
+    code = f"""
+import sys
+sys.path.insert(0, {str(folder)!r})
+import memreclaim, workmod
+report = memreclaim.measure(workmod.work, repeat=3, warmup=1, calls=workmod.CALLS)
+emit(kind=report.kind, verdict=report.verdict, text=report.format(),
+     native_owner=report.native_owner, per_call=report.leak_per_call,
+     sites=[str(s) for s in report.top_sites])
+"""
+    return run_python(code, timeout=550)
+
+
+def test_a_refcount_leak_in_a_c_extension_names_the_extension(
+    run_python: Callable[..., dict[str, Any]], tmp_path: Path
+) -> None:
+    _extension(tmp_path)
+    r = _run(
+        run_python,
+        tmp_path,
+        "import mr_refleak\nCALLS = 2000\n"
+        "def work():\n    for _ in range(CALLS):\n        mr_refleak.make(1000)\n",
+    )
+    assert r["kind"] == "python_leak", r["text"]
+    assert "allocated inside mr_refleak" in r["verdict"], r["text"]
+    assert "C extension mr_refleak" in r["verdict"], r["text"]
+    assert 1000 <= r["per_call"] <= 1200, r["text"]  # 1,000 bytes + a bytes object's header
+    assert any("workmod.py:5" in s and "[inside mr_refleak" in s for s in r["sites"]), r["text"]
+
+
+def test_a_native_leak_names_the_function_and_shared_object(
+    run_python: Callable[..., dict[str, Any]], tmp_path: Path
+) -> None:
+    pytest.importorskip("memray", reason="memray names the allocating function")
+    library = shared_library(NATIVE, tmp_path, "mrnativeleak")
+    r = _run(
+        run_python,
+        tmp_path,
+        f"import ctypes\nlib = ctypes.CDLL({str(library)!r})\nCALLS = 1\n"
+        "def work():\n    lib.leaky_call(2048)\n",
+    )
+    assert r["kind"] == "native_leak", r["text"]
+    assert r["native_owner"] == f"leaky_keep_record in {library}", r["text"]
+    assert f"allocated in leaky_keep_record in {library}" in r["verdict"], r["text"]
+    assert "called from leaky_call" in r["text"], r["text"]
+    assert 2 * 1024 * 1024 <= r["per_call"] <= 2.4 * 1024 * 1024, r["text"]
