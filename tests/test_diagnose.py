@@ -720,7 +720,8 @@ def test_auto_trace_measures_untraced_unless_something_grows() -> None:
 @pytest.mark.timeout(600)
 def test_auto_trace_measures_a_leak_again_under_tracemalloc() -> None:
     # The untraced pass finds the native leak; 3 more runs under tracemalloc make the report
-    # (its native leak told from Python's, per call); the warm-up is not repeated.
+    # (its native leak told from Python's, per call); the warm-up is not repeated. Where memray
+    # is installed, 3 more (untraced by tracemalloc) try to name the allocating function.
     r = run_report(
         """
         import tracemalloc
@@ -730,7 +731,9 @@ def test_auto_trace_measures_a_leak_again_under_tracemalloc() -> None:
             for _ in range(1000):
                 ctypes.memset(libc.malloc(1000), 1, 1000)
         report = measure(work, repeat=3, warmup=1, calls=1000)
-        assert TRACED == [False] * 4 + [True] * 3, TRACED
+        import importlib.util
+        memray = importlib.util.find_spec("memray") is not None  # then 3 runs under memray
+        assert TRACED == [False] * 4 + [True] * 3 + [False] * (3 if memray else 0), TRACED
         """
     )
     assert r["kind"] == "native_leak", r["text"]

@@ -119,3 +119,21 @@ def test_a_native_leak_names_the_function_and_shared_object(
     assert f"allocated in leaky_keep_record in {library}" in r["verdict"], r["text"]
     assert "called from leaky_call" in r["text"], r["text"]
     assert 2 * 1024 * 1024 <= r["per_call"] <= 2.4 * 1024 * 1024, r["text"]
+
+
+def test_a_leak_memray_cannot_see_names_no_function(
+    run_python: Callable[..., dict[str, Any]], tmp_path: Path
+) -> None:
+    # ctypes calls libc's malloc through a pointer memray's hooks do not patch: its traces hold
+    # other blocks (pymalloc's arenas...), which must not be named as the leak's allocator.
+    pytest.importorskip("memray", reason="the extra pass needs memray")
+    r = _run(
+        run_python,
+        tmp_path,
+        "import ctypes\nlibc = ctypes.CDLL(None)\nlibc.malloc.restype = ctypes.c_void_p\n"
+        "libc.malloc.argtypes = [ctypes.c_size_t]\nCALLS = 1\n"
+        "def work():\n    ctypes.memset(libc.malloc(1 << 20), 1, 1 << 20)\n",
+    )
+    assert r["kind"] == "native_leak", r["text"]
+    assert r["native_owner"] is None, r["text"]
+    assert "memray's traces did not see most of the leaked blocks" in r["text"], r["text"]

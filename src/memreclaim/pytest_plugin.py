@@ -305,13 +305,7 @@ class MemoryFixture:
         :func:`memreclaim.diagnosis.measure`.
         """
         limits = self._limits(leak, retained, noise_floor)
-        run: dict[str, Any] = {
-            "repeat": repeat,
-            "warmup": warmup,
-            "trace": trace,
-            "frames": frames,
-            "calls": calls,
-        }
+        run = _run_kwargs(repeat, warmup, trace, frames, calls)
         return self._judged(
             measure(workload, noise_floor=limits[2], **run), limits, "memory.measure()"
         )
@@ -331,13 +325,7 @@ class MemoryFixture:
     ) -> Report:
         """:meth:`measure` for a coroutine function (``await workload()`` per run)."""
         limits = self._limits(leak, retained, noise_floor)
-        run: dict[str, Any] = {
-            "repeat": repeat,
-            "warmup": warmup,
-            "trace": trace,
-            "frames": frames,
-            "calls": calls,
-        }
+        run = _run_kwargs(repeat, warmup, trace, frames, calls)
         return self._judged(
             await ameasure(workload, noise_floor=limits[2], **run), limits, "memory.ameasure()"
         )
@@ -346,6 +334,13 @@ class MemoryFixture:
         """Judge ``report`` against ``(leak, retained, noise floor)``; return it if it passes."""
         self._judge(report, limits[0], limits[1], source)
         return report
+
+
+def _run_kwargs(
+    repeat: int, warmup: int, trace: bool | str, frames: int, calls: int | None
+) -> dict[str, Any]:
+    """The run arguments the fixture passes on to :func:`memreclaim.diagnosis.measure`."""
+    return {"repeat": repeat, "warmup": warmup, "trace": trace, "frames": frames, "calls": calls}
 
 
 def _short(location: str) -> str:

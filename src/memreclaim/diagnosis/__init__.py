@@ -609,7 +609,7 @@ class _Protocol:
                 " had to attribute"
             )
             first = dataclasses.replace(first, notes=tuple(notes))
-        if "native_leak" in first.leaks():
+        if "native_leak" in first.leaks() and self._trace is not False:  # False: no tracer
             first = yield from self._native_pass(first)
         self._report = dataclasses.replace(first, calls=self._calls)
 
@@ -623,6 +623,14 @@ class _Protocol:
             for _ in range(self._repeat if trace.reason is None else 0):
                 yield False
         found = trace.sites()
+        if not isinstance(found, str) and (
+            not found or found[0].size * 2 < (report.native_leak or 0)
+        ):
+            found = (
+                "memray's traces did not see most of the leaked blocks (a malloc reached through"
+                " a pointer its hooks do not patch, such as ctypes' libc.malloc, or another"
+                " thread's): no function is named"
+            )
         if isinstance(found, str):
             return dataclasses.replace(report, notes=(*report.notes, f"native sites: {found}"))
         note = (

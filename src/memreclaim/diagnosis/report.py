@@ -199,10 +199,10 @@ class Report:
             extra.append(f"{format_bytes(per_call)} per call, {self.calls} calls per run")
         if name == "python_leak" and self.python_owner() is not None:
             extra.append(f"allocated inside {self.python_owner()}")
-        if name == "native_leak" and self.native_owner is not None:
-            extra.append(f"allocated in {self.native_owner}")
         if name == "native_leak" and self.traced_growth is not None:
             extra.append(f"tracemalloc saw {format_bytes(max(self.traced_growth, 0))}")
+        if name == "native_leak" and self.native_owner is not None:
+            extra.append(f"allocated in {self.native_owner}")
         if name == "mapped_leak":
             private = value - self.shmem_leak - self.file_leak
             if self.shmem_leak >= self.noise_floor:
