@@ -1,8 +1,9 @@
 """memreclaim's pytest plugin side by side with pytest-memray and psleak on the same tests.
 
 Each case is one workload (``work()``) with a known answer: three leaks made in C or Python (a
-native ``malloc`` never freed, Python objects leaked by a reference count taken in C and never
-given back, a module-level list that grows) and four real libraries' retention, which is not a
+native ``malloc`` never freed in a C library this script builds, Python objects leaked by a C
+extension it builds that takes a reference and never gives it back, a module-level list that
+grows) and four real libraries' retention, which is not a
 leak (numpy tiles, a pandas groupby, a 4.5 MB JSON document, a Pillow pipeline). Each tool runs
 each case in a pytest process of its own, written from that tool's docs:
 
@@ -23,9 +24,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import time
@@ -36,44 +39,90 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks" / "plugin-peers.md"
 
 SETUP = """
-import ctypes, gc, json
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-incref = ctypes.pythonapi.Py_IncRef
-incref.argtypes = [ctypes.py_object]
+import ctypes, gc, json, sys
+sys.path.insert(0, {folder!r})
 KEEP = []
 """
+
+# The leaks in C, built by this script (a C compiler and Python's headers are needed).
+NATIVE_C = r"""
+#include <stdlib.h>
+#include <string.h>
+void *leaky_keep_record(size_t n) { void *p = malloc(n); if (p) memset(p, 1, n); return p; }
+void leaky_call(int count) { for (int i = 0; i < count; i++) leaky_keep_record(1024); }
+"""
+REFLEAK_C = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+static PyObject *make(PyObject *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "size must be >= 0");
+        return NULL;
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, n);
+    if (bytes == NULL) return NULL;
+    memset(PyBytes_AS_STRING(bytes), 1, (size_t)n);
+    Py_INCREF(bytes); /* the bug: a reference taken and never given back */
+    return bytes;
+}
+static PyMethodDef methods[] = {{"make", make, METH_O, "a bytes object, leaked"}, {NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "mr_refleak", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_mr_refleak(void) { return PyModule_Create(&module); }
+"""
+
+
+def build(folder: Path) -> str | None:
+    """Build libmrleaky.so and the mr_refleak extension in ``folder``; None, or why not."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    include = sysconfig.get_paths()["include"]
+    if compiler is None or not Path(include, "Python.h").exists():
+        return "no C compiler or Python headers"
+    (folder / "leaky.c").write_text(NATIVE_C)
+    (folder / "mr_refleak.c").write_text(REFLEAK_C)
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    for source, target in (("leaky.c", "libmrleaky.so"), ("mr_refleak.c", "mr_refleak" + suffix)):
+        args = [compiler, "-O1", "-shared", "-fPIC", f"-I{include}", "-o", target, source]
+        proc = subprocess.run(args, cwd=folder, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            return f"{source} did not compile: {proc.stderr[-300:]}"
+    return None
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
     leaks: bool
-    needs: str | None  # an importable module the case needs
+    needs: str | None  # an importable module the case needs ("C": the C built here)
     code: str  # defines work()
+    names: str | None = None  # the word a failure report that names the culprit contains
 
 
 CASES = (
     Case(
-        "native malloc leak (C, 2 MiB per call)",
+        "native malloc leak in a C library (2 MiB per call)",
         True,
-        None,
+        "C",
         """
+        import os
+        LIB = ctypes.CDLL(os.path.join(sys.path[0], "libmrleaky.so"))
         def work():
-            for _ in range(2048):
-                ctypes.memset(libc.malloc(1024), 1, 1024)
+            LIB.leaky_call(2048)
         """,
+        "leaky_keep_record",
     ),
     Case(
-        "refcount leak in C (Py_IncRef, 2 MiB per call)",
+        "refcount leak in a C extension (2 MiB per call)",
         True,
-        None,
+        "C",
         """
+        import mr_refleak
         def work():
-            for i in range(2048):
-                incref(bytes(1000) + i.to_bytes(4, "little"))
+            for _ in range(2048):
+                mr_refleak.make(1000)
         """,
+        "mr_refleak",
     ),
     Case(
         "pure-Python leak (module list, 2 MiB per call)",
@@ -180,20 +229,23 @@ def _command(tool: str, path: Path) -> tuple[list[str], dict[str, str]]:
     return args, env
 
 
-def run_one(tool: str, case: Case, folder: Path) -> tuple[str, float]:
-    """(outcome: passed/failed/skipped/error, wall seconds) of one tool on one case."""
+def run_one(tool: str, case: Case, folder: Path) -> tuple[str, float, bool]:
+    """(outcome: passed/failed/skipped/error, wall seconds, whether the output names the
+    culprit) of one tool on one case."""
     body, _ = TOOLS[tool]
     path = folder / f"test_{tool.replace('-', '_')}.py"
-    path.write_text(SETUP + textwrap.dedent(case.code) + textwrap.dedent(body))
+    setup = SETUP.format(folder=str(folder))
+    path.write_text(setup + textwrap.dedent(case.code) + textwrap.dedent(body))
     args, env = _command(tool, path)
     start = time.perf_counter()
     proc = subprocess.run(args, env=env, cwd=folder, capture_output=True, text=True, timeout=900)
     seconds = time.perf_counter() - start
     tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    named = case.names is not None and case.names in proc.stdout
     for outcome in ("failed", "passed", "skipped"):
         if f"1 {outcome}" in tail:
-            return outcome, seconds
-    return f"error ({tail[-60:]!r})", seconds
+            return outcome, seconds, named
+    return f"error ({tail[-60:]!r})", seconds, named
 
 
 def _available(module: str | None) -> bool:
@@ -203,18 +255,23 @@ def _available(module: str | None) -> bool:
 def measure(repeat: int) -> list[dict[str, object]]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        no_c = build(Path(tmp))
         for case in CASES:
-            if not _available(case.needs):
+            if case.needs == "C" and no_c is not None:
+                print(f"skip {case.name}: {no_c}", file=sys.stderr)
+                continue
+            if case.needs != "C" and not _available(case.needs):
                 print(f"skip {case.name}: {case.needs} not installed", file=sys.stderr)
                 continue
             for tool, (_, needs) in TOOLS.items():
                 if not _available(needs):
                     continue
-                outcomes, times = [], []
+                outcomes, times, named = [], [], []
                 for _ in range(repeat):  # the tools alternate per case: same load for each
-                    outcome, seconds = run_one(tool, case, Path(tmp))
+                    outcome, seconds, names = run_one(tool, case, Path(tmp))
                     outcomes.append(outcome)
                     times.append(seconds)
+                    named.append(names)
                 right = sum(
                     (o == "failed") == case.leaks and o in ("failed", "passed") for o in outcomes
                 )
@@ -227,6 +284,7 @@ def measure(repeat: int) -> list[dict[str, object]]:
                         "right": right,
                         "runs": repeat,
                         "seconds": statistics.median(times),
+                        "named": case.names is not None and all(named),
                     }
                 )
                 print(
@@ -250,7 +308,8 @@ def table(rows: list[dict[str, object]], repeat: int, load: tuple[str, str]) -> 
         "How each tool's limit applies: memreclaim's is the steady leak per run (all sites",
         "together, Python + native + outside malloc); pytest-memray's `limit_leaks` is per",
         "allocation location (a leak spread over several stacks, each under the limit, passes);",
-        "psleak's `tolerance` is the RSS/heap growth over `times` calls, retried.",
+        'psleak\'s `tolerance` is the RSS/heap growth over `times` calls, retried. "names it":',
+        "the failure output names the C culprit (`leaky_keep_record`, `mr_refleak`).",
         "",
         "| case | leaks? | " + " | ".join(tools) + " |",
         "|---|---|" + "---|" * len(tools),
@@ -263,7 +322,10 @@ def table(rows: list[dict[str, object]], repeat: int, load: tuple[str, str]) -> 
             row = next(r for r in rows if r["case"] == case and r["tool"] == tool)
             totals[tool] += float(row["seconds"])  # type: ignore[arg-type]
             mark = "" if row["right"] == row["runs"] else f" ({'/'.join(row['outcomes'])})"  # type: ignore[arg-type]
-            cells.append(f"{row['right']}/{row['runs']}{mark}, {float(row['seconds']):.1f} s")  # type: ignore[arg-type]
+            named = ", names it" if row.get("named") else ""
+            cells.append(
+                f"{row['right']}/{row['runs']}{mark}, {float(row['seconds']):.1f} s{named}"
+            )  # type: ignore[arg-type]
         leaks = next(r["leaks"] for r in rows if r["case"] == case)
         lines.append(f"| {case} | {'yes' if leaks else 'no'} | " + " | ".join(cells) + " |")
     lines.append(

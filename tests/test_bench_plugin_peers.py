@@ -30,8 +30,9 @@ def test_table_counts_right_verdicts_and_totals() -> None:
                     "seconds": seconds,
                 }
             )
+    rows[0]["named"] = True  # memreclaim's leak report named the culprit
     text = bench.table(rows, 1, ("0.10", "0.20"))
-    assert "| leak | yes | 1/1, 3.0 s | 0/1 (passed), 2.0 s |" in text
+    assert "| leak | yes | 1/1, 3.0 s, names it | 0/1 (passed), 2.0 s |" in text
     assert "| control | no | 0/1 (failed), 3.0 s | 1/1, 2.0 s |" in text
     assert "| **total wall time** | | 6.0 s | 4.0 s |" in text
     assert "memreclaim / pytest-memray total wall time: 1.50x." in text
