@@ -44,33 +44,9 @@ sys.path.insert(0, {folder!r})
 KEEP = []
 """
 
-# The leaks in C, built by this script (a C compiler and Python's headers are needed).
-NATIVE_C = r"""
-#include <stdlib.h>
-#include <string.h>
-void *leaky_keep_record(size_t n) { void *p = malloc(n); if (p) memset(p, 1, n); return p; }
-void leaky_call(int count) { for (int i = 0; i < count; i++) leaky_keep_record(1024); }
-"""
-REFLEAK_C = r"""
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <string.h>
-static PyObject *make(PyObject *self, PyObject *arg) {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "size must be >= 0");
-        return NULL;
-    }
-    PyObject *bytes = PyBytes_FromStringAndSize(NULL, n);
-    if (bytes == NULL) return NULL;
-    memset(PyBytes_AS_STRING(bytes), 1, (size_t)n);
-    Py_INCREF(bytes); /* the bug: a reference taken and never given back */
-    return bytes;
-}
-static PyMethodDef methods[] = {{"make", make, METH_O, "a bytes object, leaked"}, {NULL}};
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "mr_refleak", NULL, -1, methods};
-PyMODINIT_FUNC PyInit_mr_refleak(void) { return PyModule_Create(&module); }
-"""
+# The leaks in C, built by this script (a C compiler and Python's headers are needed); the
+# attribution tests build the same sources.
+C_SOURCES = ROOT / "tests" / "c"
 
 
 def build(folder: Path) -> str | None:
@@ -79,11 +55,13 @@ def build(folder: Path) -> str | None:
     include = sysconfig.get_paths()["include"]
     if compiler is None or not Path(include, "Python.h").exists():
         return "no C compiler or Python headers"
-    (folder / "leaky.c").write_text(NATIVE_C)
-    (folder / "mr_refleak.c").write_text(REFLEAK_C)
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    for source, target in (("leaky.c", "libmrleaky.so"), ("mr_refleak.c", "mr_refleak" + suffix)):
-        args = [compiler, "-O1", "-shared", "-fPIC", f"-I{include}", "-o", target, source]
+    for source, target in (
+        ("mr_leaky.c", "libmrleaky.so"),
+        ("mr_refleak.c", "mr_refleak" + suffix),
+    ):
+        args = [compiler, "-O1", "-shared", "-fPIC", f"-I{include}", "-o", target]
+        args.append(str(C_SOURCES / source))
         proc = subprocess.run(args, cwd=folder, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             return f"{source} did not compile: {proc.stderr[-300:]}"

@@ -23,35 +23,7 @@ from conftest import shared_library
 
 pytestmark = pytest.mark.timeout(600)
 
-REFLEAK = r"""
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <string.h>
-
-static PyObject *make(PyObject *self, PyObject *arg) {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "size must be >= 0");
-        return NULL;
-    }
-    PyObject *bytes = PyBytes_FromStringAndSize(NULL, n);
-    if (bytes == NULL) return NULL;
-    memset(PyBytes_AS_STRING(bytes), 1, (size_t)n);
-    Py_INCREF(bytes); /* the bug: a reference taken and never given back */
-    return bytes;
-}
-
-static PyMethodDef methods[] = {{"make", make, METH_O, "a bytes object, leaked"}, {NULL}};
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "mr_refleak", NULL, -1, methods};
-PyMODINIT_FUNC PyInit_mr_refleak(void) { return PyModule_Create(&module); }
-"""
-
-NATIVE = r"""
-#include <stdlib.h>
-#include <string.h>
-void *leaky_keep_record(size_t n) { void *p = malloc(n); if (p) memset(p, 1, n); return p; }
-void leaky_call(int count) { for (int i = 0; i < count; i++) leaky_keep_record(1024); }
-"""
+C_SOURCES = Path(__file__).resolve().parent / "c"  # mr_refleak.c, mr_leaky.c
 
 
 def _extension(folder: Path) -> Path:
@@ -59,8 +31,7 @@ def _extension(folder: Path) -> Path:
     include = sysconfig.get_paths()["include"]
     if compiler is None or not Path(include, "Python.h").exists():
         pytest.skip("no C compiler or Python headers to build the extension")
-    source = folder / "mr_refleak.c"
-    source.write_text(REFLEAK)
+    source = C_SOURCES / "mr_refleak.c"
     target = folder / ("mr_refleak" + sysconfig.get_config_var("EXT_SUFFIX"))
     proc = subprocess.run(
         [compiler, "-O1", "-shared", "-fPIC", f"-I{include}", "-o", str(target), str(source)],
@@ -107,7 +78,7 @@ def test_a_native_leak_names_the_function_and_shared_object(
     run_python: Callable[..., dict[str, Any]], tmp_path: Path
 ) -> None:
     pytest.importorskip("memray", reason="memray names the allocating function")
-    library = shared_library(NATIVE, tmp_path, "mrnativeleak")
+    library = shared_library((C_SOURCES / "mr_leaky.c").read_text(), tmp_path, "mrnativeleak")
     r = _run(
         run_python,
         tmp_path,
