@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
@@ -108,3 +109,15 @@ def test_a_leak_memray_cannot_see_names_no_function(
     assert r["kind"] == "native_leak", r["text"]
     assert r["native_owner"] is None, r["text"]
     assert "memray's traces did not see most of the leaked blocks" in r["text"], r["text"]
+
+
+def test_without_memray_the_native_pass_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memreclaim.diagnosis._native import NativeTrace, library_of
+
+    monkeypatch.setitem(sys.modules, "memray", None)  # import memray -> ImportError
+    trace = NativeTrace()
+    with trace:
+        assert trace.reason is not None
+    assert trace.sites() == "memray is not installed: the allocating function is not named"
+    assert library_of("no_such_function_anywhere_xyz") is None
+    assert library_of("malloc") is not None  # libc's, found by dladdr

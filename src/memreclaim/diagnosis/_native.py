@@ -109,8 +109,9 @@ class NativeTrace:
         )
         try:
             tracker.__enter__()
-        except RuntimeError as exc:  # another tracker is active (pytest --memray)
+        except (RuntimeError, OSError) as exc:  # another tracker is active (pytest --memray)
             self.reason = f"memray could not trace the extra runs ({exc})"
+            self._folder.cleanup()
             return self
         self._tracker, self._path = tracker, path
         return self
@@ -130,6 +131,8 @@ class NativeTrace:
             records = reader.get_leaked_allocation_records(merge_threads=True)
             groups = sorted(records, key=lambda r: -r.size)
             return tuple(site for r in groups[:top] if (site := _site(r)) is not None)
+        except (OSError, RuntimeError, ValueError) as exc:  # a damaged or partial capture
+            return f"memray's capture could not be read ({exc})"
         finally:
             if self._folder is not None:
                 self._folder.cleanup()
