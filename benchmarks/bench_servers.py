@@ -471,8 +471,10 @@ def guide_run(
             time.sleep(0.5)
             trail.append(statm_rss(pid) or 0)
             counters = get(port, "/memreclaim")
-            if counters["trims"] > before and len(trail) >= 3 and (
-                abs(trail[-1] - trail[-3]) < 2 * MiB
+            if (
+                counters["trims"] > before
+                and len(trail) >= 3
+                and (abs(trail[-1] - trail[-3]) < 2 * MiB)
             ):
                 settled = True
                 break

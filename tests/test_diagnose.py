@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import allocator_lib
 
-from memreclaim import pool_reclaim_status
+from memreclaim import diagnosis, pool_reclaim_status
 from memreclaim.diagnosis import Report, Snapshot, ameasure, diagnose, measure, snapshot
 
 MiB = 1024 * 1024
@@ -690,3 +690,53 @@ def test_mimalloc_purge_delay_that_cannot_be_held_is_said_in_the_notes() -> None
     )
     held = [n for n in r["notes"] if "purge delay could not be held at 0" in n]
     assert held and "this mimalloc is not known" in held[0], r["notes"]
+
+
+def test_runs_and_calls_are_bounded_at_the_call() -> None:
+    # warmup=2**70 used to run until the pytest timeout: now an error before anything runs.
+    ran: list[int] = []
+    for kwargs in ({"warmup": 2**70}, {"repeat": 2**70}, {"warmup": diagnosis.MAX_RUNS + 1}):
+        with pytest.raises(ValueError, match=f"<= {diagnosis.MAX_RUNS}"):
+            measure(lambda: ran.append(1), **kwargs)
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        measure(lambda: ran.append(1), calls=0)
+    with pytest.raises(TypeError, match="calls"):
+        measure(lambda: ran.append(1), calls="many")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="trace"):
+        asyncio.run(ameasure(lambda: None, trace="sometimes"))  # type: ignore[arg-type]
+    assert ran == []
+
+
+def test_auto_trace_measures_untraced_unless_something_grows() -> None:
+    # No growth: one untraced pass, no tracemalloc at all; calls gives the leak per call.
+    seen: list[bool] = []
+    report = measure(lambda: seen.append(tracemalloc.is_tracing()), repeat=3, warmup=1, calls=4)
+    assert seen == [False] * 4, seen
+    assert report.leaks() == {} and report.calls == 4 and report.leak_per_call == 0
+    assert any("trace='auto'" in note for note in report.notes), report.notes
+    assert not any(note.startswith("tracemalloc was off") for note in report.notes)
+
+
+@pytest.mark.timeout(600)
+def test_auto_trace_measures_a_leak_again_under_tracemalloc() -> None:
+    # The untraced pass finds the native leak; 3 more runs under tracemalloc make the report
+    # (its native leak told from Python's, per call); the warm-up is not repeated. Where memray
+    # is installed, 3 more (untraced by tracemalloc) try to name the allocating function.
+    r = run_report(
+        """
+        import tracemalloc
+        TRACED = []
+        def work():
+            TRACED.append(tracemalloc.is_tracing())
+            for _ in range(1000):
+                ctypes.memset(libc.malloc(1000), 1, 1000)
+        report = measure(work, repeat=3, warmup=1, calls=1000)
+        import importlib.util
+        memray = importlib.util.find_spec("memray") is not None  # then 3 runs under memray
+        assert TRACED == [False] * 4 + [True] * 3 + [False] * (3 if memray else 0), TRACED
+        """
+    )
+    assert r["kind"] == "native_leak", r["text"]
+    assert any("measured again under tracemalloc" in note for note in r["notes"]), r["text"]
+    assert 1000 <= r["native_leak"] / 3 / 1000 <= 1100, r["text"]
+    assert "per call, 1000 calls per run" in r["verdict"], r["text"]

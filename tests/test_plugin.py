@@ -257,7 +257,7 @@ def test_async_tests_are_measured(pytester: pytest.Pytester) -> None:
         CALLS = []
 
         @pytest.mark.asyncio
-        @pytest.mark.no_leak(limit="1 MiB", repeat=3, warmup=1)
+        @pytest.mark.no_leak(limit="1 MiB", repeat=3, warmup=1, trace=True)  # 4 calls, no re-run
         async def test_async_leak():
             CALLS.append(1)
             await asyncio.sleep(0)
@@ -641,3 +641,73 @@ def test_repeat_calls_the_test_with_its_own_arguments(pytester: pytest.Pytester)
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(passed=3)
+
+
+@pytest.mark.timeout(600)
+def test_leak_under_the_limit_is_summarised_and_strict_fails_it(pytester: pytest.Pytester) -> None:
+    # A native leak of ~470 KiB per run (5,000 calls of 80 bytes) passes a 1 MiB limit, but is
+    # listed in its own summary section without -rA; strict (marker or ini) fails it, per call.
+    make(
+        pytester,
+        """
+        def call():
+            ctypes.memset(libc.malloc(80), 1, 80)
+
+        @pytest.mark.no_leak(limit="1 MiB", repeat=5, warmup=1, calls=5000)
+        def test_near():
+            for _ in range(5000):
+                call()
+
+        @pytest.mark.no_leak(limit="1 MiB", repeat=5, warmup=1, calls=5000, strict=True)
+        def test_near_strict():
+            for _ in range(5000):
+                call()
+
+        @pytest.mark.no_leak(limit="1 MiB", repeat=3, warmup=1)
+        @pytest.mark.reclaims(limit="64 MiB")
+        def test_control():
+            spike_000()
+        """,
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*memreclaim (@no_leak): leaked * per run, * B per call (5000 per run) (native,"
+            " malloc): a steady leak under the 1.0 MiB limit (strict)*",
+            "*memreclaim: leaks under the limit*",
+            "test_work.py::test_near: leaked * per run, * B per call (5000 per run) (native,"
+            " malloc), under the 1.0 MiB limit; native leak (malloc)*",
+        ]
+    )
+    summary = result.stdout.str().split("leaks under the limit")[1].split("short test summary")[0]
+    assert "test_control" not in summary and "test_near_strict" not in summary
+    strict = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "memreclaim_strict=true", "-k", "near"
+    )
+    strict.assert_outcomes(failed=2)
+
+
+def test_marker_runs_and_calls_are_bounded(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        RUNS = []
+
+        @pytest.mark.no_leak(warmup=2**70)
+        def test_huge_warmup():
+            RUNS.append(1)
+
+        @pytest.mark.no_leak(calls=0, repeat=2)
+        def test_no_calls():
+            RUNS.append(1)
+
+        def test_nothing_ran():
+            assert RUNS == []
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist")
+    result.assert_outcomes(errors=2, passed=1)
+    result.stdout.fnmatch_lines(
+        ["*memreclaim usage error: warmup must be <= 100000*", "*calls must be >= 1*"]
+    )

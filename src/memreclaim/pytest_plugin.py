@@ -17,10 +17,11 @@ See docs/pytest-plugin.md. This is a face: it uses :mod:`memreclaim.diagnosis` a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 from collections.abc import Awaitable, Callable, Generator, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +30,11 @@ import pytest
 from . import _validate
 from .diagnosis import (
     DEFAULT_FRAMES,
+    MAX_RUNS,
     Report,
-    Snapshot,
+    _Protocol,
     ameasure,
+    calls_per_run,
     diagnose,
     measure,
     snapshot,
@@ -80,6 +83,11 @@ _OPTIONS: dict[str, tuple[str, str]] = {
         "10 MiB",
         "under -v, print a one-line note for passing tests retaining at least this much",
     ),
+    "strict": (
+        "false",
+        "fail a steady leak under the limit too (by default it passes and is listed in the "
+        "'memreclaim: leaks under the limit' summary)",
+    ),
 }
 
 
@@ -91,6 +99,7 @@ class _Settings:
     warmup: int
     noise_floor: int
     note_threshold: int
+    strict: bool = False
 
 
 _SETTINGS = pytest.StashKey[_Settings]()
@@ -104,6 +113,7 @@ class _Record:
     failure: str | None = None
     forced: bool = False
     location: str | None = None
+    limit: int | None = None  # the leak limit judged against (for the near-miss summary)
 
 
 def _caller() -> str | None:
@@ -125,7 +135,17 @@ def _count(value: object, name: str, minimum: int) -> int:
         if not text.isdigit():
             raise ValueError(f"{name} must be a whole number, got {value!r}")
         value = int(text)
-    return _validate.integer(name, value, minimum=minimum)
+    return _validate.integer(name, value, minimum=minimum, maximum=MAX_RUNS)
+
+
+def _flag(value: object, name: str) -> bool:
+    """A boolean; ini and command-line values arrive as strings."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return text in ("true", "1", "yes", "on")
+    return _validate.flag(name, value)
 
 
 def _size(value: object, name: str) -> int:
@@ -152,6 +172,8 @@ def _read_settings(config: pytest.Config) -> _Settings:
         try:
             if name in ("repeat", "warmup"):
                 values[name] = _count(raw, where, 1 if name == "repeat" else 0)
+            elif name == "strict":
+                values[name] = _flag(raw, where)
             else:
                 values[name] = _size(raw, where)
         except (TypeError, ValueError) as exc:
@@ -163,17 +185,19 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the markers and validate the options (junk -> a usage error)."""
     config.addinivalue_line(
         "markers",
-        "no_leak(limit=None, repeat=None, warmup=None, noise_floor=None, trace=True, "
-        f"frames={DEFAULT_FRAMES}): "
+        "no_leak(limit=None, repeat=None, warmup=None, noise_floor=None, trace='auto', "
+        f"frames={DEFAULT_FRAMES}, calls=None, strict=None): "
         "fail the test if its steady leak (Python objects still referenced + native allocations "
-        "never freed) exceeds limit per run; runs the test warmup + repeat times; trace=False "
-        "measures without tracemalloc (faster; no Python component), frames sets the traceback "
-        "depth of the allocation sites. memreclaim.",
+        "never freed) exceeds limit per run; runs the test warmup + repeat times; trace='auto' "
+        "measures untraced and re-runs under tracemalloc only when something grew, trace=False "
+        "never traces (no Python component), frames sets the traceback depth of the allocation "
+        "sites, calls the calls per run (the leak per call), strict=True fails a steady leak "
+        "under the limit too. memreclaim.",
     )
     config.addinivalue_line(
         "markers",
-        "reclaims(limit=None, repeat=None, warmup=None, noise_floor=None, trace=True, "
-        f"frames={DEFAULT_FRAMES}): fail the test if, "
+        "reclaims(limit=None, repeat=None, warmup=None, noise_floor=None, trace='auto', "
+        f"frames={DEFAULT_FRAMES}, calls=None, strict=None): fail the test if, "
         "after it and a trim, more than limit of its memory stays resident (leaks + unreclaimed "
         "retention); memory the trim gives back is fine. memreclaim.",
     )
@@ -212,8 +236,8 @@ class MemoryFixture:
         return leak_limit, retained_limit, floor
 
     def _judge(self, report: Report, leak: int, retained: int | None, source: str) -> None:
-        failure = _failure(report, leak, retained)
-        record = _Record(report, source, failure, location=_caller())
+        failure = _failure(report, leak, retained, self.settings.strict)
+        record = _Record(report, source, failure, location=_caller(), limit=leak)
         self.records.append(record)
         if self.node is not None:
             self.node.stash.setdefault(_RECORDS, []).append(record)
@@ -233,6 +257,7 @@ class MemoryFixture:
         noise_floor: int | str | None = None,
         trace: bool = True,
         frames: int = DEFAULT_FRAMES,
+        calls: int | None = None,
     ) -> Iterator[CheckResult]:
         """Measure one run of the ``with`` block and fail on a leak over ``leak`` bytes.
 
@@ -241,9 +266,12 @@ class MemoryFixture:
         raise TypeError/ValueError before the block runs. A block cannot be re-run: for repeat
         mode use :meth:`measure`. Raises :class:`LeakError` / :class:`RetentionError`.
         ``trace=False`` measures without tracemalloc (no Python component), ``frames`` sets
-        the depth of the allocation sites (see :func:`memreclaim.diagnosis.measure`).
+        the depth of the allocation sites (see :func:`memreclaim.diagnosis.measure`); a single
+        run is traced from the start (it cannot be measured again). ``calls``: calls of the
+        code under test in the block (the report gives the leak per call).
         """
         leak_limit, retained_limit, floor = self._limits(leak, retained, noise_floor)
+        per_run = calls_per_run(calls)
         result = CheckResult()
         before = snapshot(trace=trace, frames=frames)
         try:
@@ -251,7 +279,7 @@ class MemoryFixture:
         except BaseException:
             before.close()
             raise
-        result.report = diagnose(before, noise_floor=floor)
+        result.report = dataclasses.replace(diagnose(before, noise_floor=floor), calls=per_run)
         self._judge(result.report, leak_limit, retained_limit, "memory.check()")
 
     def measure(
@@ -263,17 +291,21 @@ class MemoryFixture:
         leak: int | str | None = None,
         retained: int | str | None = None,
         noise_floor: int | str | None = None,
-        trace: bool = True,
+        trace: bool | str = "auto",
         frames: int = DEFAULT_FRAMES,
+        calls: int | None = None,
     ) -> Report:
         """Run ``workload`` ``warmup`` + ``repeat`` times, judge the steady leak per run.
 
         Returns the :class:`~memreclaim.diagnosis.Report`; raises :class:`LeakError` when the
         leak per run exceeds ``leak`` and :class:`RetentionError` when ``retained`` is given and
-        exceeded. Bad arguments raise TypeError/ValueError before anything runs.
+        exceeded. Bad arguments raise TypeError/ValueError before anything runs. ``trace``
+        (``"auto"``: untraced first, traced again only when something grew), ``frames`` and
+        ``calls`` (calls per run: the leak per call) are those of
+        :func:`memreclaim.diagnosis.measure`.
         """
         limits = self._limits(leak, retained, noise_floor)
-        run: dict[str, Any] = {"repeat": repeat, "warmup": warmup, "trace": trace, "frames": frames}
+        run = _run_kwargs(repeat, warmup, trace, frames, calls)
         return self._judged(
             measure(workload, noise_floor=limits[2], **run), limits, "memory.measure()"
         )
@@ -287,12 +319,13 @@ class MemoryFixture:
         leak: int | str | None = None,
         retained: int | str | None = None,
         noise_floor: int | str | None = None,
-        trace: bool = True,
+        trace: bool | str = "auto",
         frames: int = DEFAULT_FRAMES,
+        calls: int | None = None,
     ) -> Report:
         """:meth:`measure` for a coroutine function (``await workload()`` per run)."""
         limits = self._limits(leak, retained, noise_floor)
-        run: dict[str, Any] = {"repeat": repeat, "warmup": warmup, "trace": trace, "frames": frames}
+        run = _run_kwargs(repeat, warmup, trace, frames, calls)
         return self._judged(
             await ameasure(workload, noise_floor=limits[2], **run), limits, "memory.ameasure()"
         )
@@ -303,19 +336,34 @@ class MemoryFixture:
         return report
 
 
+def _run_kwargs(
+    repeat: int, warmup: int, trace: bool | str, frames: int, calls: int | None
+) -> dict[str, Any]:
+    """The run arguments the fixture passes on to :func:`memreclaim.diagnosis.measure`."""
+    return {"repeat": repeat, "warmup": warmup, "trace": trace, "frames": frames, "calls": calls}
+
+
 def _short(location: str) -> str:
     cwd = os.getcwd() + os.sep
     return location[len(cwd) :] if location.startswith(cwd) else location
 
 
-def _failure(report: Report, leak: int | None, retained: int | None) -> str | None:
+def _leaked(report: Report) -> str:
+    """``1.0 MiB per run, 80 B per call (native, malloc)``: the leak in the failure line."""
+    per = " per run" if report.iterations > 1 else ""
+    if report.leak_per_call is not None:
+        per += f", {format_bytes(report.leak_per_call)} per call ({report.calls} per run)"
+    kinds = " + ".join(_LEAK_WORDS[k] for k in report.leaks())
+    return f"leaked {format_bytes(report.leak_per_iteration)}{per} ({kinds})"
+
+
+def _failure(
+    report: Report, leak: int | None, retained: int | None, strict: bool = False
+) -> str | None:
     if leak is not None and report.leak_per_iteration > leak:
-        per = " per run" if report.iterations > 1 else ""
-        kinds = " + ".join(_LEAK_WORDS[k] for k in report.leaks())
-        return (
-            f"leaked {format_bytes(report.leak_per_iteration)}{per} ({kinds}), over the "
-            f"{format_bytes(leak)} limit"
-        )
+        return f"{_leaked(report)}, over the {format_bytes(leak)} limit"
+    if leak is not None and strict and report.leaks():
+        return f"{_leaked(report)}: a steady leak under the {format_bytes(leak)} limit (strict)"
     if retained is not None and report.retained > retained:
         return (
             f"{format_bytes(report.retained)} stayed resident after trim, over the "
@@ -342,12 +390,14 @@ class _MarkerSpec:
     repeat: int
     warmup: int
     noise_floor: int
-    trace: bool = True
+    trace: bool | str = "auto"
     frames: int = DEFAULT_FRAMES
+    calls: int | None = None
+    strict: bool = False
 
 
 _SPEC = pytest.StashKey[_MarkerSpec]()
-_KWARGS = ("limit", "repeat", "warmup", "noise_floor", "trace", "frames")
+_KWARGS = ("limit", "repeat", "warmup", "noise_floor", "trace", "frames", "calls", "strict")
 
 
 def _marker_spec(item: pytest.Item, settings: _Settings) -> _MarkerSpec | None:
@@ -357,7 +407,8 @@ def _marker_spec(item: pytest.Item, settings: _Settings) -> _MarkerSpec | None:
         return None
     leak = retained = None
     repeat, warmup, floor = settings.repeat, settings.warmup, settings.noise_floor
-    trace, frames = True, DEFAULT_FRAMES
+    trace: bool | str = "auto"
+    frames, calls, strict = DEFAULT_FRAMES, None, settings.strict
     for mark in (reclaims, no_leak):  # no_leak's repeat/warmup win when both are given
         if mark is None:
             continue
@@ -382,11 +433,27 @@ def _marker_spec(item: pytest.Item, settings: _Settings) -> _MarkerSpec | None:
             warmup = _count(kwargs["warmup"], "warmup", 0)
         if kwargs.get("noise_floor") is not None:
             floor = _size(kwargs["noise_floor"], "noise_floor")
-        if kwargs.get("trace") is not None:
-            trace = _validate.flag("trace", kwargs["trace"])
-        if kwargs.get("frames") is not None:
-            frames = _validate.integer("frames", kwargs["frames"], minimum=1, maximum=1000)
-    return _MarkerSpec(leak, retained, repeat, warmup, floor, trace, frames)
+        trace, frames, calls, strict = _run_options(kwargs, trace, frames, calls, strict)
+    return _MarkerSpec(leak, retained, repeat, warmup, floor, trace, frames, calls, strict)
+
+
+def _run_options(
+    kwargs: dict[str, Any], trace: bool | str, frames: int, calls: int | None, strict: bool
+) -> tuple[bool | str, int, int | None, bool]:
+    """A marker's ``trace``, ``frames``, ``calls`` and ``strict`` (the given ones validated)."""
+    if kwargs.get("trace") is not None:
+        trace = (
+            kwargs["trace"]
+            if kwargs["trace"] == "auto"
+            else _validate.flag("trace", kwargs["trace"])
+        )
+    if kwargs.get("frames") is not None:
+        frames = _validate.integer("frames", kwargs["frames"], minimum=1, maximum=1000)
+    if kwargs.get("calls") is not None:
+        calls = calls_per_run(kwargs["calls"])
+    if kwargs.get("strict") is not None:
+        strict = _validate.flag("strict", kwargs["strict"])
+    return trace, frames, calls, strict
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -428,24 +495,23 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, o
     spec = pyfuncitem.stash.get(_SPEC, None)
     if spec is None:
         return (yield)
-    for _ in range(spec.warmup):
-        _call_again(pyfuncitem)
-    before: Snapshot = snapshot(trace=spec.trace, frames=spec.frames)
-    before.warmup = spec.warmup
-    try:
-        for _ in range(spec.repeat - 1):
-            _call_again(pyfuncitem)
-            before.checkpoint()
-        result = yield
-        before.checkpoint()
-    except BaseException:
-        before.close()
-        raise
-    report = diagnose(before, iterations=spec.repeat, noise_floor=spec.noise_floor)
+    # pytest's own call is the last run of the first measured pass; the warm-up, the other runs
+    # and a traced pass (trace="auto", when the first found growth) call the function again.
+    args = (spec.repeat, spec.warmup, spec.noise_floor, spec.trace, spec.frames, 10, spec.calls)
+    protocol = _Protocol(pyfuncitem.obj, *args)
+    result: object = None
+    with closing(protocol.runs()) as runs:
+        for pytest_call in runs:
+            if pytest_call:
+                result = yield
+            else:
+                _call_again(pyfuncitem)
+    report = protocol.report()
     marks = " + ".join(
         f"@{name}" for name in ("no_leak", "reclaims") if pyfuncitem.get_closest_marker(name)
     )
-    record = _Record(report, marks, _failure(report, spec.leak, spec.retained), forced=True)
+    failure = _failure(report, spec.leak, spec.retained, spec.strict)
+    record = _Record(report, marks, failure, forced=True, limit=spec.leak)
     pyfuncitem.stash.setdefault(_RECORDS, []).append(record)
     return result
 
@@ -481,7 +547,13 @@ def pytest_runtest_makereport(
                 f"verdict: {record.report.verdict}\n"
                 f"(the diagnosis is in the '{_SECTION}: {record.source}' section below)"
             )
-        elif record.failure is None:
+        elif record.failure is None and record.limit is not None and record.report.leaks():
+            near = (
+                f"{item.nodeid}: {_leaked(record.report)}, under the {format_bytes(record.limit)}"
+            )
+            near += f" limit; {record.report.verdict.split('; ')[0]}"
+            report.user_properties.append(("memreclaim_near_miss", near))
+        if record.failure is None:
             r = record.report
             kept = r.allocator_retention + r.pymalloc_retention + r.unreclaimed_retention
             if kept >= settings.note_threshold:
@@ -490,17 +562,34 @@ def pytest_runtest_makereport(
     return report
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Under -v, one line per passing test that retained notable memory (xdist workers' reports
-    carry the notes in ``user_properties``)."""
-    if config.get_verbosity() < 1:
-        return
-    notes: dict[str, None] = {}
+def _properties(terminalreporter: Any, key: str) -> list[str]:
+    """The ``key`` user properties of every report, once each, in order (xdist workers' reports
+    carry them too)."""
+    found: dict[str, None] = {}
     for reports in terminalreporter.stats.values():
         for report in reports:
-            for key, value in getattr(report, "user_properties", ()):
-                if key == "memreclaim_note":
-                    notes[str(value)] = None
+            for name, value in getattr(report, "user_properties", ()):
+                if name == key:
+                    found[str(value)] = None
+    return list(found)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Always: the steady leaks that stayed under their limit (a section of their own, so a
+    near miss is seen without -rA; ``strict`` fails them). Under -v, one line per passing test
+    that retained notable memory."""
+    near = _properties(terminalreporter, "memreclaim_near_miss")
+    if near:
+        terminalreporter.section("memreclaim: leaks under the limit")
+        for line in near:
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(
+            "(steady growth per run, passed; @pytest.mark.no_leak(strict=True) or the "
+            "memreclaim_strict ini key fails them)"
+        )
+    if config.get_verbosity() < 1:
+        return
+    notes = _properties(terminalreporter, "memreclaim_note")
     if notes:
         terminalreporter.section("memreclaim: retention notes")
         for note in notes:

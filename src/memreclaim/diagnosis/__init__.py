@@ -53,6 +53,7 @@ memory, retention) and the native components are ``None`` with the reason in
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import inspect
 import threading
@@ -488,6 +489,7 @@ def _report(
         frames=before.frames,
         python_reason=v.python.reason,
         trim=ctx.after.trim,
+        untraced_python=v.python.untraced,
     )
 
 
@@ -513,10 +515,49 @@ def _pool_reclaimable() -> int | None:
 
 # ---- measure / ameasure: one implementation --------------------------------------------------
 
+#: Bounds of the runs a measurement makes: a typo such as ``warmup=2**70`` is an error at the
+#: call, not a test that runs until its timeout.
+MAX_RUNS = 100_000
+MAX_CALLS = 10**12
+
+
+def _trace_mode(trace: object) -> bool | str:
+    """``True``, ``False`` or ``"auto"`` (anything else: TypeError)."""
+    if trace == "auto":
+        return "auto"
+    if isinstance(trace, str):
+        raise TypeError(f"trace must be True, False or 'auto', not {trace!r}")
+    return _validate.flag("trace", trace)
+
+
+def _runs(name: str, value: object, minimum: int) -> int:
+    """A count of runs in ``[minimum, MAX_RUNS]``."""
+    return _validate.integer(name, value, minimum=minimum, maximum=MAX_RUNS)
+
+
+def calls_per_run(calls: object) -> int | None:
+    """``calls`` (None, or a whole number of calls per run in ``[1, MAX_CALLS]``)."""
+    return (
+        None if calls is None else _validate.integer("calls", calls, minimum=1, maximum=MAX_CALLS)
+    )
+
+
+def _needs_tracing(report: Report) -> bool:
+    """Whether an untraced pass found growth that only a traced pass can attribute: a leak of
+    any kind, or steady growth of pymalloc's blocks (small Python objects)."""
+    return bool(report.leaks()) or (report.untraced_python or 0) > 0
+
 
 class _Protocol:
-    """The measuring protocol of :func:`measure` and :func:`ameasure`, checked at construction:
-    the caller runs the workload once per item of :meth:`runs`, then takes :meth:`report`."""
+    """The measuring protocol of :func:`measure`, :func:`ameasure` and the pytest markers,
+    checked at construction: the caller runs the workload once per item of :meth:`runs`, then
+    takes :meth:`report`.
+
+    ``trace="auto"``: the measured runs go untraced first (allocator, RSS and pymalloc
+    readings: the workload at full speed); only when that pass finds growth (a leak, or
+    pymalloc's blocks growing) are ``repeat`` more runs made under tracemalloc, whose report
+    (verdict, sites) is the result. A single shot (``repeat=1, warmup=0``) is traced from the
+    start: its first run cannot be measured again."""
 
     def __init__(
         self,
@@ -524,43 +565,106 @@ class _Protocol:
         repeat: int,
         warmup: int,
         noise_floor: int | str,
-        trace: bool,
+        trace: bool | str,
         frames: int,
         top: int,
+        calls: int | None = None,
     ) -> None:
         if not callable(workload):
             raise TypeError(f"workload must be callable, not {type(workload).__name__}")
-        _validate.integer("repeat", repeat, minimum=1)
-        _validate.integer("warmup", warmup)
+        _runs("repeat", repeat, 1)
+        _runs("warmup", warmup, 0)
         _validate.size("noise_floor", noise_floor, allow_zero=True)
         _validate.integer("top", top)
         _validate.integer("frames", frames, minimum=1, maximum=1000)
-        _validate.flag("trace", trace)
+        mode = _trace_mode(trace)
+        self._calls = calls_per_run(calls)
+        if mode == "auto" and repeat == 1 and warmup == 0:
+            mode = True
         self._repeat, self._warmup, self._noise_floor = repeat, warmup, noise_floor
-        self._trace, self._frames, self._top = trace, frames, top
+        self._trace, self._frames, self._top = mode, frames, top
         self._report: Report | None = None
+        self._seconds: float | None = None
 
-    def runs(self) -> Generator[None, None, None]:
+    def runs(self) -> Generator[bool, None, None]:
         """One item per run of the workload: the warm-up (untraced, timed), then the measured
-        runs. Closed early (the workload raised), it undoes the snapshot's tracing."""
+        runs; the item is True for the last run of the first measured pass. Closed early (the
+        workload raised), it undoes the snapshot's tracing."""
         start = time.perf_counter()
         for _ in range(self._warmup):
-            yield
+            yield False
         untraced = (time.perf_counter() - start) / self._warmup if self._warmup else None
-        before = snapshot(trace=self._trace, frames=self._frames)
+        first = yield from self._pass(self._trace is True, untraced, last=True)
+        if self._trace == "auto" and _needs_tracing(first):
+            report = yield from self._pass(True, self._seconds or untraced, last=False)
+            note = (
+                "the first pass (untraced) found growth: measured again under tracemalloc"
+                f" ({self._repeat} more run{'s' if self._repeat != 1 else ''}) to attribute it"
+            )
+            first = dataclasses.replace(report, notes=(*report.notes, note))
+        elif self._trace == "auto":
+            notes = [n for n in first.notes if not n.startswith("tracemalloc was off")]
+            notes.append(
+                "trace='auto': the measured runs went untraced; nothing grew that tracemalloc"
+                " had to attribute"
+            )
+            first = dataclasses.replace(first, notes=tuple(notes))
+        if "native_leak" in first.leaks() and self._trace is not False:  # False: no tracer
+            first = yield from self._native_pass(first)
+        self._report = dataclasses.replace(first, calls=self._calls)
+
+    def _native_pass(self, report: Report) -> Generator[bool, None, Report]:
+        """A native leak: ``repeat`` more runs under memray's native tracker (where installed)
+        name the function and shared object that allocate the growing blocks."""
+        from ._native import NativeTrace
+
+        trace = NativeTrace()
+        with trace:
+            for _ in range(self._repeat if trace.reason is None else 0):
+                yield False
+        found = trace.sites()
+        if not isinstance(found, str) and (
+            not found or found[0].size * 2 < (report.native_leak or 0)
+        ):
+            found = (
+                "memray's traces did not see most of the leaked blocks (a malloc reached through"
+                " a pointer its hooks do not patch, such as ctypes' libc.malloc, or another"
+                " thread's): no function is named"
+            )
+        if isinstance(found, str):
+            return dataclasses.replace(report, notes=(*report.notes, f"native sites: {found}"))
+        note = (
+            f"native sites: from memray's native traces over {self._repeat} more"
+            f" run{'s' if self._repeat != 1 else ''}"
+        )
+        return dataclasses.replace(
+            report,
+            native_sites=tuple(str(site) for site in found),
+            native_owner=found[0].where if found else None,
+            notes=(*report.notes, note),
+        )
+
+    def _pass(
+        self, traced: bool, untraced: float | None, last: bool
+    ) -> Generator[bool, None, Report]:
+        """``repeat`` measured runs from a snapshot (traced or not), diagnosed."""
+        before = snapshot(trace=traced, frames=self._frames)
         before.warmup = self._warmup
         before.untraced_seconds = untraced
         try:
-            for _ in range(self._repeat):
+            for i in range(self._repeat):
                 before._clock = time.perf_counter()
-                yield
+                yield last and i == self._repeat - 1
                 before.checkpoint()
         except BaseException:  # GeneratorExit from closing(): the workload raised
             before.close()
             raise
-        self._report = diagnose(
+        report = diagnose(
             before, iterations=self._repeat, noise_floor=self._noise_floor, top=self._top
         )
+        if not traced and before.seconds:  # the runs' own untraced time, for the cost line
+            self._seconds = sum(before.seconds) / len(before.seconds)
+        return report
 
     def report(self) -> Report:
         """The diagnosis of the finished runs."""
@@ -575,24 +679,30 @@ def measure(
     repeat: int = 5,
     warmup: int = 1,
     noise_floor: int | str = DEFAULT_NOISE_FLOOR,
-    trace: bool = True,
+    trace: bool | str = "auto",
     frames: int = DEFAULT_FRAMES,
     top: int = 10,
+    calls: int | None = None,
 ) -> Report:
     """Run ``workload`` ``warmup`` times, then ``repeat`` times under measurement; diagnose.
 
     Leak components count steady growth (see the module docstring), so a cache filled once is
-    reported as ``one_time``, not as a leak. The warm-up runs untraced and timed, so the report
-    says how much slower tracemalloc made the measured runs. Bad arguments raise
-    TypeError/ValueError before anything runs; tracemalloc is restored on every path.
+    reported as ``one_time``, not as a leak. Bad arguments raise TypeError/ValueError before
+    anything runs (``repeat``/``warmup`` over ``MAX_RUNS`` too); tracemalloc is restored on every
+    path.
 
-    Cost: ``frames`` (default 8) is the traceback depth of the allocation sites; ``frames=1``
-    is cheaper. ``trace=False`` runs without tracemalloc (the workload at full speed): the
-    native, outside-malloc and retention components are judged, ``python_leak`` is None with
-    the reason in ``Report.python_reason``, and Python objects over 512 bytes count in the
-    native series.
+    Cost: ``trace="auto"`` (the default) measures untraced first and pays tracemalloc only when
+    that pass finds growth: then ``repeat`` more runs are made traced, and their report (with
+    the allocation sites) is returned; a single shot (``repeat=1, warmup=0``) is traced from the
+    start. ``trace=True`` traces the measured runs at once; ``frames`` (default 8) is the
+    traceback depth of the allocation sites (``frames=1`` is cheaper). ``trace=False`` never
+    traces: the native, outside-malloc and retention components are judged, ``python_leak`` is
+    None with the reason in ``Report.python_reason``, and Python objects over 512 bytes count in
+    the native series. The warm-up runs untraced and timed, so the report says how much slower
+    tracemalloc made the measured runs. ``calls``: how many calls of the code under test one
+    run makes; the report then gives the leak per call (:attr:`Report.leak_per_call`).
     """
-    protocol = _Protocol(workload, repeat, warmup, noise_floor, trace, frames, top)
+    protocol = _Protocol(workload, repeat, warmup, noise_floor, trace, frames, top, calls)
     with closing(protocol.runs()) as runs:
         for _ in runs:
             workload()
@@ -605,12 +715,13 @@ async def ameasure(
     repeat: int = 5,
     warmup: int = 1,
     noise_floor: int | str = DEFAULT_NOISE_FLOOR,
-    trace: bool = True,
+    trace: bool | str = "auto",
     frames: int = DEFAULT_FRAMES,
     top: int = 10,
+    calls: int | None = None,
 ) -> Report:
     """:func:`measure` for a coroutine function: ``await workload()`` for each iteration."""
-    protocol = _Protocol(workload, repeat, warmup, noise_floor, trace, frames, top)
+    protocol = _Protocol(workload, repeat, warmup, noise_floor, trace, frames, top, calls)
     with closing(protocol.runs()) as runs:
         for _ in runs:
             result = workload()

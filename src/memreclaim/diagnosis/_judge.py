@@ -196,6 +196,9 @@ class Python:
     leak: int | None  # None without tracemalloc
     once: int = 0
     reason: str | None = None
+    #: Without tracemalloc: steady growth of pymalloc's allocated blocks (small objects), the
+    #: untraced pass's Python signal; None when traced or when pymalloc's figures are missing.
+    untraced: int | None = None
 
 
 def judge_python(ctx: Context) -> Python:
@@ -209,10 +212,17 @@ def judge_python(ctx: Context) -> Python:
         "tracemalloc was off: Python and native growth cannot be told apart; "
         "'native leak' holds all allocator in-use growth"
     )
+    steady: int | None = None
+    once = 0
+    if base.pymalloc is not None and all(p.pymalloc is not None for p in points):
+        values = [(p.pymalloc or (0, 0))[1] - base.pymalloc[1] for p in points]
+        steady, once = ctx.record("python (pymalloc blocks)", values, ctx.threshold(0))
     return Python(
         None,
+        once,
         reason="tracemalloc was off (trace=False): Python objects are not told apart; those"
         " malloc'd (over 512 bytes) count in the native series, small ones in pymalloc's arenas",
+        untraced=steady,
     )
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tracemalloc
 from dataclasses import dataclass, field
@@ -35,10 +36,16 @@ class AllocationSite:
     size: int
     count: int
     traceback: tuple[str, ...] = ()
+    #: The installed distribution the allocation belongs to ("ujson 5.12.0 (C extension
+    #: ujson.cpython-311-x86_64-linux-gnu.so)"): the file's own, or that of a C extension whose
+    #: function is called on the line; None for the user's code and the standard library.
+    owner: str | None = None
 
     def __str__(self) -> str:
         text = f"{_short(self.filename)}:{self.lineno}: +{format_bytes(self.size)} in"
         text += f" {self.count:+d} blocks"
+        if self.owner is not None:
+            text += f" [inside {self.owner}]"
         if len(self.traceback) > 1:
             text += "\n      " + "\n      ".join(f"called from {t}" for t in self.traceback[-2::-1])
         return text
@@ -98,6 +105,17 @@ class Report:
     python_reason: str | None = None
     #: The trim the diagnosis made (what it called, what it gave back, how long it took).
     trim: TrimResult | None = None
+    #: Without tracemalloc: steady growth of pymalloc's allocated small blocks (bytes), the
+    #: untraced pass's Python signal; None when traced.
+    untraced_python: int | None = None
+    #: Calls of the measured code per run (iteration), when given: the leak per call.
+    calls: int | None = None
+    #: A native leak's largest groups of blocks still allocated after more runs under memray's
+    #: native tracker: "function in /path/lib.so: +6.0 MiB in 6144 blocks (called from ...)".
+    native_sites: tuple[str, ...] = ()
+    #: The function and shared object that allocate most of the native leak ("leaky_keep_record
+    #: in /path/libleaky.so"), or None when not named (see the notes).
+    native_owner: str | None = None
 
     def components(self) -> dict[str, int]:
         """The measured components (missing ones as 0): leaks first, each group largest first,
@@ -146,6 +164,11 @@ class Report:
         return self.leak // max(self.iterations, 1)
 
     @property
+    def leak_per_call(self) -> int | None:
+        """:attr:`leak_per_iteration` divided by :attr:`calls`, or None when calls is unknown."""
+        return None if self.calls is None else self.leak_per_iteration // self.calls
+
+    @property
     def retained(self) -> int:
         """What stays resident after a trim: leaks plus pymalloc and unreclaimed retention."""
         return self.leak + self.pymalloc_retention + self.unreclaimed_retention
@@ -171,8 +194,15 @@ class Report:
         extra = []
         if name in LEAK_KINDS and self.iterations > 1:
             extra.append(f"{format_bytes(value // self.iterations)} per iteration")
+        if name in LEAK_KINDS and self.calls is not None:
+            per_call = value // max(self.iterations, 1) // self.calls
+            extra.append(f"{format_bytes(per_call)} per call, {self.calls} calls per run")
+        if name == "python_leak" and self.python_owner() is not None:
+            extra.append(f"allocated inside {self.python_owner()}")
         if name == "native_leak" and self.traced_growth is not None:
             extra.append(f"tracemalloc saw {format_bytes(max(self.traced_growth, 0))}")
+        if name == "native_leak" and self.native_owner is not None:
+            extra.append(f"allocated in {self.native_owner}")
         if name == "mapped_leak":
             private = value - self.shmem_leak - self.file_leak
             if self.shmem_leak >= self.noise_floor:
@@ -215,6 +245,14 @@ class Report:
             return "heap pages around the leaked blocks, not returned by trim"
         return "heap pages that live blocks keep in use, not returned by trim; not a leak"
 
+    def python_owner(self) -> str | None:
+        """The installed distribution that allocated most of the Python leak (its largest
+        allocation site's owner, when that site holds at least half of the leak), or None."""
+        if not self.top_sites or not self.python_leak:
+            return None
+        site = self.top_sites[0]
+        return site.owner if site.size * 2 >= self.python_leak else None
+
     def advice(self) -> list[str]:
         """What to do next, one line per significant component."""
         tips = {
@@ -235,6 +273,20 @@ class Report:
             "one_time": "Memory filled once and then kept (a cache, a pool, lazy imports): "
             "warmup=1 keeps it out of the measurement; bound it if it must not grow.",
         }
+        if self.native_owner is not None:
+            tips["native_leak"] = (
+                f"C code allocated without freeing: {self.native_owner} allocates the blocks"
+                " that stay (see the native allocation sites); check that library's release"
+                " notes and issue tracker, or the code that calls it."
+            )
+        owner = self.python_owner()
+        if owner is not None:
+            tips["python_leak"] = (
+                f"The objects are allocated inside {owner}, called from the top site below: if"
+                " your code keeps no reference to them, the leak is in that package (a refcount"
+                " bug in a C extension, or its own cache); check its issue tracker or a newer"
+                " release."
+            )
         if self.arena_tops >= self.noise_floor and self.allocator == "glibc":
             tips["allocator_retention"] += (
                 " Thread-arena tops are given back by a trim made in the thread that owns the"
@@ -295,6 +347,9 @@ class Report:
                 f"cost: measured iterations ran {self.slowdown:.1f}x the untraced warm-up"
                 f" (tracemalloc, {self.frames} frame{'s' if self.frames != 1 else ''})"
             )
+        if self.native_sites:
+            lines.append("native allocation sites (blocks still allocated, memray):")
+            lines.extend(f"  {site}" for site in self.native_sites)
         if self.top_sites:
             lines.append("top allocation sites (traced growth):")
             lines.extend(f"  {site}" for site in self.top_sites)
@@ -350,4 +405,12 @@ def _top_sites(
         )
         sites.append(AllocationSite(name, line, size, count, stack))
     sites.sort(key=lambda s: -s.size)
-    return tuple(sites[:top])
+    return tuple(_owned(site) for site in sites[:top])
+
+
+def _owned(site: AllocationSite) -> AllocationSite:
+    """``site`` with its owner (see :mod:`._attribute`), if it has one."""
+    from ._attribute import owner
+
+    found = owner(site.filename, site.lineno)
+    return dataclasses.replace(site, owner=str(found)) if found is not None else site

@@ -1,0 +1,149 @@
+"""Who allocates a native leak: the function and shared object of the growing blocks.
+
+Only when a measurement found a native leak, and only where memray is installed (pytest-memray
+brings it): the workload runs ``repeat`` more times under memray's tracker with native traces,
+and memray's reader gives the blocks still allocated at the end, grouped by stack. The largest
+group's innermost named native frame is the allocating function; its shared object is found
+with ``dladdr`` on the symbol's address, looked up in each mapped object (memray names the
+function, not always its file). memray was chosen over sampling backtraces in C because glibc
+has no malloc hooks any more, an interposed malloc would slow every run, and memray's tracker
+is made for this and is paid only on this extra pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..units import format_bytes
+
+_UNKNOWN = "<unknown>"
+_RTLD_NOLOAD = 4  # glibc
+
+
+@dataclass(frozen=True)
+class NativeSite:
+    """The blocks a native leak left, grouped by the stack that allocated them."""
+
+    function: str
+    library: str | None  # the shared object that defines ``function``
+    size: int
+    count: int
+    callers: tuple[str, ...] = ()
+
+    @property
+    def where(self) -> str:
+        """``function in library`` (or the function alone when its object is not found)."""
+        return f"{self.function} in {self.library}" if self.library else self.function
+
+    def __str__(self) -> str:
+        text = f"{self.where}: +{format_bytes(self.size)} in {self.count} blocks"
+        if self.callers:
+            text += " (called from " + ", ".join(self.callers) + ")"
+        return text
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = (
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    )
+
+
+def _mapped_objects() -> Iterator[str]:
+    """Paths of the shared objects mapped in this process (each once)."""
+    seen: set[str] = set()
+    with contextlib.suppress(OSError), open("/proc/self/maps", encoding="utf-8") as maps:
+        for line in maps:
+            fields = line.split(None, 5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if ".so" in os.path.basename(path) and path not in seen:
+                seen.add(path)
+                yield path
+
+
+def library_of(function: str) -> str | None:
+    """The shared object that defines ``function`` (among those mapped), or None."""
+    libc = ctypes.CDLL(None)
+    dladdr = libc.dladdr
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    for path in _mapped_objects():
+        try:
+            handle = ctypes.CDLL(path, mode=_RTLD_NOLOAD)
+            address = ctypes.cast(getattr(handle, function), ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            continue
+        info = _DlInfo()
+        if address and dladdr(address, ctypes.byref(info)) and info.dli_fname:
+            return os.fsdecode(info.dli_fname)
+    return None
+
+
+class NativeTrace:
+    """``with NativeTrace() as trace: runs...`` then ``trace.sites()``: the largest groups of
+    blocks still allocated at the end of the block, by stack, or a sentence saying why they
+    cannot be named (memray missing, another tracker active)."""
+
+    def __init__(self) -> None:
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+        self._tracker: Any = None
+        self.reason: str | None = None
+
+    def __enter__(self) -> NativeTrace:
+        try:
+            import memray
+        except ImportError:
+            self.reason = "memray is not installed: the allocating function is not named"
+            return self
+        self._folder = tempfile.TemporaryDirectory(prefix="memreclaim-")
+        path = os.path.join(self._folder.name, "native.bin")
+        tracker = memray.Tracker(
+            path, native_traces=True, file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS
+        )
+        try:
+            tracker.__enter__()
+        except (RuntimeError, OSError) as exc:  # another tracker is active (pytest --memray)
+            self.reason = f"memray could not trace the extra runs ({exc})"
+            self._folder.cleanup()
+            return self
+        self._tracker, self._path = tracker, path
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tracker is not None:
+            self._tracker.__exit__(None, None, None)
+
+    def sites(self, top: int = 3) -> tuple[NativeSite, ...] | str:
+        """The named groups, largest first (read once the block has ended)."""
+        if self.reason is not None or self._tracker is None:
+            return self.reason or "memray did not trace"
+        import memray
+
+        try:
+            reader = memray.FileReader(self._path)
+            records = reader.get_leaked_allocation_records(merge_threads=True)
+            groups = sorted(records, key=lambda r: -r.size)
+            return tuple(site for r in groups[:top] if (site := _site(r)) is not None)
+        except (OSError, RuntimeError, ValueError) as exc:  # a damaged or partial capture
+            return f"memray's capture could not be read ({exc})"
+        finally:
+            if self._folder is not None:
+                self._folder.cleanup()
+
+
+def _site(record: object) -> NativeSite | None:
+    frames = [f for f in record.hybrid_stack_trace() if f[0] != _UNKNOWN]  # type: ignore[attr-defined]
+    native = [f for f in frames if f[1] == _UNKNOWN or not f[1].endswith(".py")]
+    if not native:
+        return None
+    function = native[0][0]
+    callers = tuple(f[0] for f in native[1:3])
+    size, count = record.size, record.n_allocations  # type: ignore[attr-defined]
+    return NativeSite(function, library_of(function), size, count, callers)
