@@ -359,3 +359,21 @@ def test_keep_forever_outlives_the_last_reference_and_checks_its_arguments():
         _core._keep_forever()  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         _core._keep_forever(1, 2)  # type: ignore[call-arg]
+
+
+def test_symbol_object_names_the_defining_object_and_checks_its_arguments():
+    # the diagnosis names a native leak's library with it: extensions loaded RTLD_LOCAL too
+    import _json
+
+    assert _core._symbol_object("PyInit__json") == os.path.realpath(_json.__file__) or (
+        _core._symbol_object("PyInit__json") == _json.__file__
+    )
+    assert os.path.basename(_core._symbol_object("malloc_usable_size") or "").startswith("lib")
+    assert _core._symbol_object("no_such_symbol_in_any_object_x") is None
+    with pytest.raises(TypeError, match="name must be a str"):
+        _core._symbol_object(1)  # type: ignore[arg-type]
+    for bad in ("", "a\0b"):
+        with pytest.raises(ValueError, match="non-empty symbol name"):
+            _core._symbol_object(bad)
+    with pytest.raises(TypeError):
+        _core._symbol_object()  # type: ignore[call-arg]

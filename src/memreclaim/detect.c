@@ -514,6 +514,16 @@ void *mr_alloc_symbol(const char *name)
     return lookup(name, allocator_key);
 }
 
+bool mr_symbol_definer(const char *name, char *path, size_t size)
+{
+    mr_object where;
+    if (name == NULL || size == 0 || !resolve(name, 0, &where, NULL)) {
+        return false;
+    }
+    (void)snprintf(path, size, "%s", where.path);
+    return true;
+}
+
 const char *mr_backend_version(void)
 {
     return version_text[0] != '\0' ? version_text : NULL;

@@ -287,6 +287,12 @@ const mr_backend *mr_backend_detect(void);
  * once and keep the answer. A function's address is converted with
  * *(void **)(&fn) = mr_alloc_symbol("name"). */
 void *mr_alloc_symbol(const char *name);
+/* The path of the loaded object whose definition of `name` the program's calls reach (the rule
+ * above: its dynamic symbol table, not a PLT stub; for a name no call is bound to, such as a
+ * function of an extension loaded RTLD_LOCAL, the first definer in link-map order), copied into
+ * `path` (truncated to `size`). False when no loaded object defines `name`. Pure C, with or
+ * without the GIL (it walks the link map under the dynamic loader's lock). */
+bool mr_symbol_definer(const char *name, char *path, size_t size);
 /* The detected allocator's version string (read at detection), or NULL when it does not say. */
 const char *mr_backend_version(void);
 /* The forwarding wrapper (path of the object defining malloc) when malloc is glibc's reached

@@ -433,6 +433,36 @@ static PyObject *core_allocator_version(PyObject *Py_UNUSED(module), PyObject *P
     return PyUnicode_FromString(version);
 }
 
+PyDoc_STRVAR(symbol_object_doc,
+             "_symbol_object(name, /) -> str | None\n\n"
+             "The path of the loaded shared object that defines the function or data symbol\n"
+             "name (its dynamic symbol table; the object calls are bound to when several do),\n"
+             "or None when no loaded object defines it. The diagnosis names the library of a\n"
+             "native leak's allocating function with it.");
+
+static PyObject *core_symbol_object(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    char path[PATH_MAX];
+    const char *name;
+    Py_ssize_t length;
+    if (!PyUnicode_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "name must be a str, not %.80s", Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    name = PyUnicode_AsUTF8AndSize(arg, &length);
+    if (name == NULL) {
+        return NULL;
+    }
+    if (length == 0 || strlen(name) != (size_t)length) {
+        PyErr_SetString(PyExc_ValueError, "name must be a non-empty symbol name without NUL");
+        return NULL;
+    }
+    if (!mr_symbol_definer(name, path, sizeof(path))) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_DecodeFSDefault(path);
+}
+
 PyDoc_STRVAR(keep_forever_doc,
              "_keep_forever(obj, /) -> None\n\n"
              "Take one reference to obj that is never released, so that it outlives the\n"
@@ -452,6 +482,7 @@ static PyMethodDef core_methods[] = {
     {"allocator", core_allocator, METH_NOARGS, allocator_doc},
     {"allocator_version", core_allocator_version, METH_NOARGS, allocator_version_doc},
     {"_keep_forever", core_keep_forever, METH_O, keep_forever_doc},
+    {"_symbol_object", core_symbol_object, METH_O, symbol_object_doc},
     {NULL, NULL, 0, NULL},
 };
 

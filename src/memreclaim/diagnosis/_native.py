@@ -3,27 +3,24 @@
 Only when a measurement found a native leak, and only where memray is installed (pytest-memray
 brings it): the workload runs ``repeat`` more times under memray's tracker with native traces,
 and memray's reader gives the blocks still allocated at the end, grouped by stack. The largest
-group's innermost named native frame is the allocating function; its shared object is found
-with ``dladdr`` on the symbol's address, looked up in each mapped object (memray names the
-function, not always its file). memray was chosen over sampling backtraces in C because glibc
-has no malloc hooks any more, an interposed malloc would slow every run, and memray's tracker
-is made for this and is paid only on this extra pass.
+group's innermost named native frame is the allocating function; its shared object is the
+loaded object that defines that name (the C core reads the objects' dynamic symbol tables:
+memray names the function, not always its file). memray was chosen over sampling backtraces
+in C because glibc has no malloc hooks any more, an interposed malloc would slow every run, and
+memray's tracker is made for this and is paid only on this extra pass.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _core
 from ..units import format_bytes
 
 _UNKNOWN = "<unknown>"
-_RTLD_NOLOAD = 4  # glibc
 
 
 @dataclass(frozen=True)
@@ -48,42 +45,10 @@ class NativeSite:
         return text
 
 
-class _DlInfo(ctypes.Structure):
-    _fields_ = (
-        ("dli_fname", ctypes.c_char_p),
-        ("dli_fbase", ctypes.c_void_p),
-        ("dli_sname", ctypes.c_char_p),
-        ("dli_saddr", ctypes.c_void_p),
-    )
-
-
-def _mapped_objects() -> Iterator[str]:
-    """Paths of the shared objects mapped in this process (each once)."""
-    seen: set[str] = set()
-    with contextlib.suppress(OSError), open("/proc/self/maps", encoding="utf-8") as maps:
-        for line in maps:
-            fields = line.split(None, 5)
-            path = fields[5].strip() if len(fields) == 6 else ""
-            if ".so" in os.path.basename(path) and path not in seen:
-                seen.add(path)
-                yield path
-
-
 def library_of(function: str) -> str | None:
-    """The shared object that defines ``function`` (among those mapped), or None."""
-    libc = ctypes.CDLL(None)
-    dladdr = libc.dladdr
-    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
-    for path in _mapped_objects():
-        try:
-            handle = ctypes.CDLL(path, mode=_RTLD_NOLOAD)
-            address = ctypes.cast(getattr(handle, function), ctypes.c_void_p).value
-        except (OSError, AttributeError):
-            continue
-        info = _DlInfo()
-        if address and dladdr(address, ctypes.byref(info)) and info.dli_fname:
-            return os.fsdecode(info.dli_fname)
-    return None
+    """The shared object that defines ``function`` (among those loaded), or None: the C core
+    reads each loaded object's dynamic symbol table (extensions loaded ``RTLD_LOCAL`` too)."""
+    return _core._symbol_object(function)
 
 
 class NativeTrace:
