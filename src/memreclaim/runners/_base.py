@@ -46,10 +46,10 @@ import memreclaim
 
 from .. import _core, _libraries, _validate, glibc
 from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
-from ..memlimits import UsageAlarm, auto_limit
+from ..memlimits import auto_limit
 from ..policy import Decision, PacingPolicy, Reading, TrimOutcome
 from ..units import format_bytes
-from .wakeups import WAKE_KINDS, UsageAlarmSource, Wake, Wakeups, open_source
+from .wakeups import WAKE_KINDS, UsageAlarm, UsageAlarmSource, Wake, Wakeups, open_source
 
 __all__ = ["Counters", "Gate", "StartStop", "TrimEvent"]
 
@@ -530,9 +530,9 @@ class _Runner:
         """The kernel notification the thread also sleeps on while running, or None.
 
         With a soft limit (``policy.limit``) in a cgroup v1, a running runner has registered a
-        :class:`memreclaim.memlimits.UsageAlarm` at the limit's mark: it wakes when the cgroup's
-        usage crosses it, within about a MiB of allocation, not at its next tick. Where none
-        can be registered (cgroup v2, no limit, no permission) it only ticks, faster near the
+        :class:`~memreclaim.runners.wakeups.UsageAlarm` at the limit's mark: it wakes when the
+        cgroup's usage crosses it, within about a MiB of allocation, not at its next tick. Where
+        none can be registered (cgroup v2, no limit, no permission) it only ticks, faster near the
         limit (:meth:`PacingPolicy.tick_interval`); the reason is logged at DEBUG level.
         """
         wakeups = self._wakeups
