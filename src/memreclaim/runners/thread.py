@@ -23,6 +23,7 @@ from ._base import (
     TrimEvent,
     _instances,
     _Runner,
+    _Settings,
     logger,
 )
 from .wakeups import Wakeups
@@ -74,16 +75,18 @@ class BackgroundTrimmer(_Runner, StartStop):
         wake_on: Iterable[str] = DEFAULT_WAKE_ON,
     ) -> None:
         super().__init__(
-            interval=interval,
-            policy=policy,
-            slack=slack,
-            min_interval=min_interval,
-            limit=limit,
-            thresholds=thresholds,
-            pools=pools,
-            on_trim=on_trim,
-            name=name,
-            wake_on=wake_on,
+            _Settings(
+                name=name,
+                interval=interval,
+                policy=policy,
+                slack=slack,
+                min_interval=min_interval,
+                limit=limit,
+                thresholds=thresholds,
+                pools=pools,
+                on_trim=on_trim,
+                wake_on=wake_on,
+            )
         )
         self._worker = DaemonThread(self._kind, name, wake=self._poke)
         self._tick_lock = threading.Lock()  # serialises ticks
