@@ -40,8 +40,8 @@ import threading
 import time
 import tracemalloc
 import weakref
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -281,6 +281,11 @@ class _Settings:
     pools: bool = False
     on_trim: Callable[[TrimEvent], object] | None = None
     wake_on: Iterable[str] = DEFAULT_WAKE_ON
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> _Settings:
+        """The settings among a constructor's ``arguments`` (its ``locals()``), by field name."""
+        return cls(**{field.name: arguments[field.name] for field in fields(cls)})
 
 
 class _Runner:

@@ -115,20 +115,7 @@ class Watchdog(_Runner):
         name: str = "memreclaim-watchdog",
         wake_on: Iterable[str] = DEFAULT_WAKE_ON,
     ) -> None:
-        super().__init__(
-            _Settings(
-                name=name,
-                interval=interval,
-                policy=policy,
-                slack=slack,
-                min_interval=min_interval,
-                limit=limit,
-                thresholds=thresholds,
-                pools=pools,
-                on_trim=on_trim,
-                wake_on=wake_on,
-            )
-        )
+        super().__init__(_Settings.of(locals()))  # the shared settings, declared once
         self._idle_gating = _validate.flag("idle_gating", idle_gating)
         self._busy_lag = _validate.seconds("busy_lag", busy_lag, maximum=MAX_INTERVAL)
         self._quiet = _validate.seconds("quiet", quiet, maximum=MAX_INTERVAL)
