@@ -610,10 +610,13 @@ class Wakeups:
         try:
             self._epoll.register(source.fileno(), _EPOLL[source.events])
         except OSError as exc:
-            self.notes.append(f"{source.path}: cannot be watched ({exc.strerror}); left out")
             if self._keep_unwatched:
+                self.notes.append(
+                    f"{source.path}: cannot be watched ({exc.strerror}); read on the timer"
+                )
                 self._unwatched.append(source)
             else:
+                self.notes.append(f"{source.path}: cannot be watched ({exc.strerror}); left out")
                 source.close()
             return
         self._sources[source.fileno()] = source
