@@ -19,8 +19,6 @@ OLD_NAMES = [
     ("memreclaim.policy", "NEAR_LIMIT_FREE_READ", policy._NEAR_LIMIT_FREE_READ),
     ("memreclaim.pressure", "PressureSource", wakeups.PressureSource),
     ("memreclaim.pressure", "find_sources", wakeups.find_sources),
-    ("memreclaim.runners.pressure", "PressureSource", wakeups.PressureSource),
-    ("memreclaim.runners.pressure", "find_sources", wakeups.find_sources),
     ("memreclaim.watchdog", "THREAD_TRIM_THRESHOLD", watchdog._THREAD_TRIM_THRESHOLD),
     ("memreclaim", "MMAP_THRESHOLD_MAX", glibc.MMAP_THRESHOLD_MAX),
     ("memreclaim", "ArenaInfo", glibc.ArenaInfo),
@@ -30,6 +28,9 @@ OLD_NAMES = [
     ("memreclaim", "format_bytes", units.format_bytes),
     ("memreclaim", "parse_bytes", units.parse_bytes),
     ("memreclaim", "Limits", memlimits.Limits),
+    ("memreclaim.memlimits", "UsageAlarm", wakeups.UsageAlarm),
+    ("memreclaim.memlimits", "usage_alarm", wakeups.usage_alarm),
+    ("memreclaim._limits", "UsageAlarm", wakeups.UsageAlarm),
 ]
 
 

@@ -64,15 +64,15 @@ def test_memory_events_read_while_rewritten_is_not_counted_again(tmp_path: Path)
     path.write_text(EVENTS.format(high=5))
     rec = Recorder()
     w = PressureWatcher(rec, psi=None, events=str(path), min_interval=0)
-    opened = w._open()  # the watcher's own polling step, driven here without its thread
+    opened, polled = w._open()  # the watcher's own polling step, driven without its thread
     try:
         (src,) = opened
         path.write_text("")
-        w._check(src)
+        w._poll(opened, polled)
         path.write_text(EVENTS.format(high=8))
-        w._check(src)
+        w._poll(opened, polled)
     finally:
-        w._close_fds(opened)
+        src.close()
     assert [event.detail for event in rec.events] == ["high +3"]
 
 

@@ -162,3 +162,22 @@ def test_remote_takes_the_lifecycle_from_the_api_layer_not_from_a_runner() -> No
         if alias.name == "DaemonThread"
     }
     assert imported == {(1, "_daemon")}
+
+
+def test_the_runners_shared_settings_are_declared_once() -> None:
+    """Watchdog and BackgroundTrimmer keep explicit signatures (docs/api.md is checked against
+    them); every setting they share is a field of one record, _base._Settings, with the same
+    default (name aside: each runner has its own)."""
+    import dataclasses
+    import inspect as pyinspect
+
+    from memreclaim.runners import BackgroundTrimmer, Watchdog
+    from memreclaim.runners._base import _Runner, _Settings
+
+    fields = {f.name: f.default for f in dataclasses.fields(_Settings)}
+    assert fields.pop("name") is dataclasses.MISSING
+    for runner in (Watchdog, BackgroundTrimmer):
+        params = pyinspect.signature(runner.__init__).parameters
+        for name, default in fields.items():
+            assert params[name].default == default, (runner.__name__, name)
+    assert list(pyinspect.signature(_Runner.__init__).parameters) == ["self", "settings"]

@@ -330,3 +330,45 @@ def test_a_lost_epoll_is_said_once_and_never_used(
     finally:
         for fd in (*keep, r, w, own, ep, poke):
             os.close(fd)
+
+
+def test_psi_poll_failure_modes_and_stall_share(tmp_path: Path) -> None:
+    import errno
+
+    path = tmp_path / "memory.pressure"
+    with pytest.raises(ValueError, match="kind must be"):
+        wk.PsiPoll(str(path), kind="most")
+    with pytest.raises(FileNotFoundError):
+        wk.PsiPoll(str(path))
+    path.write_text("garbage\n")
+    with pytest.raises(OSError) as info:
+        wk.PsiPoll(str(path))
+    assert info.value.errno == errno.ENODATA
+    path.write_text("some avg10=0.00 total=1000\nfull avg10=0.00 total=0\n")
+    poll = wk.PsiPoll(str(path), stall=0.15, window=1.0)
+    assert poll.check() is None  # no stall since the last read
+    path.write_text("some avg10=0.00 total=60001000\nfull avg10=0.00 total=0\n")
+    detail = poll.check()
+    assert detail is not None and detail.startswith("some stall 60000 ms"), detail
+    path.unlink()
+    assert poll.check() is None  # a file gone: no wake-up, no exception
+
+
+def test_wakeups_keep_unwatched_sources_for_the_owner(tmp_path: Path) -> None:
+    path = tmp_path / "memory.events"
+    path.write_text("high 1\n")
+    with pytest.raises(TypeError, match="after_loss"):
+        Wakeups([], after_loss=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="keep_unwatched"):
+        Wakeups([], keep_unwatched="yes")  # type: ignore[arg-type]
+    kept = EventsFile(str(path))  # a regular file: epoll refuses it (EPERM)
+    wakes = Wakeups([kept], keep_unwatched=True)
+    try:
+        assert wakes.sources == () and kept.fileno() >= 0
+        assert any("cannot be watched" in note for note in wakes.notes)
+    finally:
+        wakes.close()
+    assert kept.fileno() == -1  # closed with the rest
+    dropped = EventsFile(str(path))
+    Wakeups([dropped]).close()
+    assert dropped.fileno() == -1

@@ -257,6 +257,23 @@ def _fix_thread_retention(reason: str) -> bool:
     return False
 
 
+def _fix_at_start(thresholds: bool | None) -> bool:
+    """A runner's start with ``thresholds`` (None, the default, or True; False never calls).
+
+    One meaning of None under every allocator: the fix for thread retention as early as its
+    measured cost allows. glibc's bound costs nothing measurable on loops of blocks under 4 MiB
+    (docs/threads.md) and acts only at a later free, so it is made at start; mimalloc 2's purge
+    delay of 0 costs 14-18x on allocation loops, so it waits until a trim leaves more than the
+    slack with three or more threads (the runner's ``_check_arenas``); other allocators need
+    none. True: the fix at start, whatever it costs. True when a knob was set now.
+    """
+    if thresholds:
+        return _fix_thread_retention("thresholds=True")
+    if _core.allocator() == "glibc":
+        return _fix_thread_retention("at start: thresholds=None under glibc")
+    return False
+
+
 def _bound_tops_unless_set(reason: str) -> bool:
     """:func:`bound_thread_tops`, logged, unless the environment sets glibc's thresholds."""
     setting = _environment_thresholds()

@@ -28,23 +28,19 @@ read: refresh to see new ones.
 
 from __future__ import annotations
 
-import errno
 import os
 import resource
-import select
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from . import _validate
-from ._daemon import close_owned, fd_identity, owns_fd
 
 __all__ = [
     "UNLIMITED",
     "CgroupDirs",
     "Limits",
-    "UsageAlarm",
     "auto_limit",
     "cgroup_dirs",
     "limits",
@@ -365,123 +361,22 @@ def auto_limit(refresh: bool = False) -> int | None:
     return min(present) if present else None
 
 
-def _eventfd_poke(fd: int) -> None:
-    """Add 1 to the eventfd ``fd`` (readable now); no-op for -1 (closed) or a full counter."""
-    if fd >= 0:
-        try:
-            os.eventfd_write(fd, 1)
-        except OSError as exc:  # the counter is full: a wake-up is pending anyway
-            if exc.errno != errno.EAGAIN:
-                raise
+# Moved to memreclaim.runners.wakeups, the one wake-up multiplexer (one release, then gone).
+# Reached by name on first use, like memreclaim/__init__'s table: importing memlimits imports no
+# runner.
+_MOVED = ("UsageAlarm", "usage_alarm")
 
 
-class UsageAlarm:
-    """A kernel notification when a cgroup v1 memory cgroup's usage crosses ``threshold`` bytes.
+def __getattr__(name: str) -> object:
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-    ``memory.usage_in_bytes`` is registered with an eventfd through ``cgroup.event_control``. The
-    kernel checks thresholds as it charges pages (every few hundred KiB), so the eventfd becomes
-    readable within about a MiB of the crossing (upwards or downwards), however fast memory
-    grows: a runner sleeping on it (:meth:`wait`) wakes at the limit's mark instead of at its
-    next tick. The registration ends when the eventfd is closed (:meth:`close`).
+    from . import _deprecated
 
-    cgroup v2 has no usage threshold: there, the runners' readings speed up near the limit
-    instead (:meth:`memreclaim.policy.PacingPolicy.tick_interval`).
-
-    Raises:
-        OSError: the cgroup has no ``memory.usage_in_bytes`` or ``cgroup.event_control``, or the
-            kernel refused the registration (e.g. ``EACCES`` for a cgroup this user cannot
-            write): nothing stays open.
-        ValueError: for a threshold that is not > 0.
-    """
-
-    def __init__(self, cgroup_dir: str, threshold: int) -> None:
-        self.threshold = _validate.size("threshold", threshold)
-        self.cgroup_dir = os.fspath(cgroup_dir)
-        self._lock = threading.Lock()
-        self._efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        try:
-            usage = os.open(
-                os.path.join(self.cgroup_dir, "memory.usage_in_bytes"),
-                os.O_RDONLY | os.O_CLOEXEC,
-            )
-            try:
-                control = os.open(
-                    os.path.join(self.cgroup_dir, "cgroup.event_control"),
-                    os.O_WRONLY | os.O_CLOEXEC,
-                )
-                try:
-                    os.write(control, f"{self._efd} {usage} {self.threshold}".encode())
-                finally:
-                    os.close(control)
-            finally:
-                os.close(usage)  # the kernel keeps what it needs of it
-        except BaseException:
-            os.close(self._efd)
-            raise
-        # A program that closes inherited descriptors may reuse the number: never poke into or
-        # close its file (see memreclaim._daemon.owns_fd).
-        self._ident = fd_identity(self._efd)
-
-    def fileno(self) -> int:
-        """The eventfd (readable once the threshold was crossed), or -1 once closed."""
-        return self._efd
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a crossing (or :meth:`poke`); True if one came.
-
-        Consumes the notification. Returns False at once when the alarm is closed.
-        """
-        fd = self._efd
-        if not owns_fd(fd, self._ident):
-            return False
-        try:
-            ready, _, _ = select.select([fd], [], [], max(0.0, timeout))
-        except (OSError, ValueError):  # closed meanwhile by another thread
-            return False
-        return bool(ready) and self._drain()
-
-    def _drain(self) -> bool:
-        with self._lock:
-            if not owns_fd(self._efd, self._ident):
-                return False
-            try:
-                os.eventfd_read(self._efd)
-            except BlockingIOError:
-                return False
-            return True
-
-    def poke(self) -> None:
-        """Make :meth:`wait` return now (a stopping runner wakes its thread); no-op once closed."""
-        with self._lock:
-            if owns_fd(self._efd, self._ident):
-                _eventfd_poke(self._efd)
-
-    def close(self) -> None:
-        """Unregister (close the eventfd, unless the program reused its number); idempotent."""
-        with self._lock:
-            fd, self._efd = self._efd, -1
-        close_owned(fd, self._ident)
-
-    def _forget_after_fork(self) -> None:
-        """In a forked child: close this copy of the eventfd without the (maybe held) lock."""
-        fd, self._efd = self._efd, -1
-        self._lock = threading.Lock()
-        close_owned(fd, self._ident)
-
-    def __repr__(self) -> str:
-        state = "closed" if self._efd < 0 else f"fd {self._efd}"
-        return f"UsageAlarm({self.cgroup_dir!r}, threshold={self.threshold}, {state})"
-
-
-def usage_alarm(threshold: int) -> tuple[UsageAlarm | None, str]:
-    """A :class:`UsageAlarm` on this process's limiting cgroup v1, or None and why not."""
-    lim = limits()
-    if lim.source != "cgroup1" or lim.path is None:
-        return None, f"no cgroup v1 memory limit (limit source: {lim.source})"
-    try:
-        return UsageAlarm(lim.path, threshold), ""
-    except OSError as exc:
-        return None, f"cannot register a usage threshold in {lim.path}: {exc}"
+    home = "memreclaim.runners.wakeups"
+    value = getattr(importlib.import_module(home), name)
+    return _deprecated.lookup(__name__, name, {name: (f"{home}.{name}", value)})
 
 
 def _reset_in_child() -> None:

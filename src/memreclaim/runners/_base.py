@@ -24,8 +24,11 @@ reports the outcome back to the policy, its counters, the log and the ``on_trim`
   (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TOP_PAD_`` or
   ``GLIBC_TUNABLES``). Under mimalloc 2 (a live thread's freed pages wait for that thread) the
   purge delay goes to 0 (``set_purge_delay(0)``) when a trim leaves more than ``slack`` with
-  three or more threads. ``thresholds=None`` (the default): that; ``True``: at start under
-  either allocator; ``False``: never. (The heuristics and their once-per-process state live in
+  three or more threads. ``thresholds=None`` (the default) has one meaning under every
+  allocator: each fix as early as its measured cost allows (glibc's bound costs nothing
+  measurable: at start; mimalloc 2's purge delay costs 14-18x on allocation loops: once threads
+  are seen retaining; none elsewhere). ``True``: the fix at start, whatever it costs;
+  ``False``: never. (The heuristics and their once-per-process state live in
   :mod:`memreclaim.glibc`; the runner says when.)
 """
 
@@ -37,8 +40,8 @@ import threading
 import time
 import tracemalloc
 import weakref
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -46,10 +49,10 @@ import memreclaim
 
 from .. import _core, _libraries, _validate, glibc
 from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
-from ..memlimits import UsageAlarm, auto_limit
+from ..memlimits import auto_limit
 from ..policy import Decision, PacingPolicy, Reading, TrimOutcome
 from ..units import format_bytes
-from .wakeups import WAKE_KINDS, UsageAlarmSource, Wake, Wakeups, open_source
+from .wakeups import WAKE_KINDS, UsageAlarm, UsageAlarmSource, Wake, Wakeups, open_source
 
 __all__ = ["Counters", "Gate", "StartStop", "TrimEvent"]
 
@@ -261,41 +264,53 @@ def _make_policy(
     return PacingPolicy(**shortcuts)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """The settings every runner takes, declared once: ``Watchdog`` and ``BackgroundTrimmer``
+    keep them in their explicit signatures (docs/api.md is checked against those) with these
+    defaults (tests/test_runners_base.py checks they agree) and hand them over as one record;
+    :class:`_Runner` validates them. ``name`` has no default: each runner has its own."""
+
+    name: str
+    interval: float = 1.0
+    policy: PacingPolicy | None = None
+    slack: int | str | None = None
+    min_interval: float | None = None
+    limit: int | str | None = "auto"
+    thresholds: bool | None = None
+    pools: bool = False
+    on_trim: Callable[[TrimEvent], object] | None = None
+    wake_on: Iterable[str] = DEFAULT_WAKE_ON
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> _Settings:
+        """The settings among a constructor's ``arguments`` (its ``locals()``), by field name."""
+        return cls(**{field.name: arguments[field.name] for field in fields(cls)})
+
+
 class _Runner:
     """Signals, trimming and reporting shared by Watchdog and BackgroundTrimmer."""
 
     _kind = "runner"
 
-    def __init__(
-        self,
-        *,
-        interval: float,
-        policy: PacingPolicy | None,
-        slack: int | str | None,
-        min_interval: float | None,
-        limit: int | str | None,
-        thresholds: bool | None,
-        pools: bool,
-        on_trim: Callable[[TrimEvent], object] | None,
-        name: str,
-        wake_on: Iterable[str],
-    ) -> None:
+    def __init__(self, settings: _Settings) -> None:
         self._interval = _validate.seconds(
-            "interval", interval, minimum=_validate.MIN_INTERVAL, maximum=MAX_INTERVAL
+            "interval", settings.interval, minimum=_validate.MIN_INTERVAL, maximum=MAX_INTERVAL
         )
-        self._policy = _make_policy(policy, slack, min_interval, limit)
-        if thresholds is not None:
-            _validate.flag("thresholds", thresholds)
-        self._thresholds = thresholds
-        self._pools = _validate.flag("pools", pools)
-        self._on_trim = _validate.callback("on_trim", on_trim, takes="a TrimEvent")
-        _validate.instance("name", name, str)
-        self._name = name
+        self._policy = _make_policy(
+            settings.policy, settings.slack, settings.min_interval, settings.limit
+        )
+        if settings.thresholds is not None:
+            _validate.flag("thresholds", settings.thresholds)
+        self._thresholds = settings.thresholds
+        self._pools = _validate.flag("pools", settings.pools)
+        self._on_trim = _validate.callback("on_trim", settings.on_trim, takes="a TrimEvent")
+        self._name = _validate.instance("name", settings.name, str)
         self._lock = threading.Lock()
         self._counters = Counters()
         self._in_flight = 0
         self._requests_seen = False
-        self._wake_on = _wake_kinds(wake_on)
+        self._wake_on = _wake_kinds(settings.wake_on)
         self._wakeups: Wakeups | None = None
 
     @property
@@ -530,9 +545,9 @@ class _Runner:
         """The kernel notification the thread also sleeps on while running, or None.
 
         With a soft limit (``policy.limit``) in a cgroup v1, a running runner has registered a
-        :class:`memreclaim.memlimits.UsageAlarm` at the limit's mark: it wakes when the cgroup's
-        usage crosses it, within about a MiB of allocation, not at its next tick. Where none
-        can be registered (cgroup v2, no limit, no permission) it only ticks, faster near the
+        :class:`~memreclaim.runners.wakeups.UsageAlarm` at the limit's mark: it wakes when the
+        cgroup's usage crosses it, within about a MiB of allocation, not at its next tick. Where
+        none can be registered (cgroup v2, no limit, no permission) it only ticks, faster near the
         limit (:meth:`PacingPolicy.tick_interval`); the reason is logged at DEBUG level.
         """
         wakeups = self._wakeups
@@ -581,12 +596,10 @@ class _Runner:
             self._wakeups = None
 
     def _apply_knobs(self) -> None:
-        """The allocator knobs ``thresholds`` asks for (glibc's arena tops, mimalloc 2's purge
-        delay): set once per process, by the first runner that starts."""
-        if self._thresholds:
-            glibc._fix_thread_retention("thresholds=True")
-        elif self._thresholds is None and memreclaim.allocator() == "glibc":
-            glibc._fix_thread_retention("at start: thresholds=None under glibc")
+        """The allocator knobs ``thresholds`` asks for at start (:func:`glibc._fix_at_start`
+        says which, per allocator): set once per process, by the first runner that starts."""
+        if self._thresholds is not False:
+            glibc._fix_at_start(self._thresholds)
 
     def _reset_policy(self, *, knobs: bool = True) -> None:
         """Take the floor now (and, with ``knobs``, first set the allocator knobs)."""

@@ -18,7 +18,16 @@ from types import TracebackType
 from .. import _validate
 from .._core import TrimResult
 from ..policy import PacingPolicy
-from ._base import DEFAULT_WAKE_ON, MAX_INTERVAL, Gate, TrimEvent, _instances, _Runner, logger
+from ._base import (
+    DEFAULT_WAKE_ON,
+    MAX_INTERVAL,
+    Gate,
+    TrimEvent,
+    _instances,
+    _Runner,
+    _Settings,
+    logger,
+)
 from .wakeups import Wake, Wakeups
 
 __all__ = ["Watchdog"]
@@ -74,10 +83,12 @@ class Watchdog(_Runner):
     alone. A wake-up is a reading now; the policy decides. ``on_trim`` is called, on the loop
     thread, with a :class:`TrimEvent` after every trim; an exception in it is logged and counted.
     ``thresholds`` is how the runner makes other threads give back what they keep
-    (:mod:`memreclaim.runners`): None, the default: under glibc, bound every arena's top at
-    start (:func:`memreclaim.glibc.bound_thread_tops`; skipped, and said once, when the
-    environment sets glibc's thresholds), under mimalloc 2 the purge delay to 0 once a trim
-    leaves more than ``slack`` with three or more threads; True: either at start; False: never.
+    (:mod:`memreclaim.runners`): None, the default, one meaning under every allocator: each fix
+    as early as its measured cost allows (under glibc, bound every arena's top at start,
+    :func:`memreclaim.glibc.bound_thread_tops`, skipped and said once when the environment sets
+    glibc's thresholds; under mimalloc 2, whose purge delay of 0 costs 14-18x on allocation
+    loops, that delay once a trim leaves more than ``slack`` with three or more threads; nothing
+    elsewhere); True: the fix at start, whatever it costs; False: never.
 
     Raises:
         TypeError, ValueError: for a wrong type or out-of-range argument, naming it.
@@ -104,18 +115,7 @@ class Watchdog(_Runner):
         name: str = "memreclaim-watchdog",
         wake_on: Iterable[str] = DEFAULT_WAKE_ON,
     ) -> None:
-        super().__init__(
-            interval=interval,
-            policy=policy,
-            slack=slack,
-            min_interval=min_interval,
-            limit=limit,
-            thresholds=thresholds,
-            pools=pools,
-            on_trim=on_trim,
-            name=name,
-            wake_on=wake_on,
-        )
+        super().__init__(_Settings.of(locals()))  # the shared settings, declared once
         self._idle_gating = _validate.flag("idle_gating", idle_gating)
         self._busy_lag = _validate.seconds("busy_lag", busy_lag, maximum=MAX_INTERVAL)
         self._quiet = _validate.seconds("quiet", quiet, maximum=MAX_INTERVAL)

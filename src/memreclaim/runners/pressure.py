@@ -11,15 +11,18 @@ runners can sleep on too), found through ``/proc/self/cgroup`` unless given:
 
 - **PSI** (pressure stall information): the cgroup's ``memory.pressure`` (cgroup v2), else
   ``/proc/pressure/memory``. The watcher writes a trigger (``some 150000 1000000``: 150 ms of
-  stall within 1 s) and waits in ``poll()`` for ``POLLPRI``. Without ``CAP_SYS_RESOURCE`` the
-  kernel (5.19+) accepts only windows that are a multiple of 2 s: the watcher then widens the
-  window to the next multiple of 2 s (scaling the stall alike) and says so in :attr:`notes`. Where
-  no trigger can be written at all (no PSI, ``psi=0``, a read-only file), it reads the file's
-  ``total=`` stall every ``poll_interval`` seconds instead and fires on the same stall share.
+  stall within 1 s) and sleeps on it (:class:`~memreclaim.runners.wakeups.Wakeups`). Without
+  ``CAP_SYS_RESOURCE`` the kernel (5.19+) accepts only windows that are a multiple of 2 s: the
+  watcher then widens the window to the next multiple of 2 s (scaling the stall alike) and says
+  so in :attr:`notes`. Where no trigger can be written at all (no PSI, ``psi=0``, a read-only
+  file), it reads the file's ``total=`` stall every ``poll_interval`` seconds instead and fires
+  on the same stall share (:class:`~memreclaim.runners.wakeups.PsiPoll`).
 - **memory.events** (cgroup v2): fires when ``high`` (or ``max``, ``oom``) increments. The kernel
   signals a change of the file with ``POLLPRI``; the file is also read every ``poll_interval``.
 
-The watcher runs in its own daemon thread (never on an event loop; its lifecycle is
+The watcher is a thin face over :mod:`memreclaim.runners.wakeups` (the one wake-up multiplexer:
+its sources, its epoll, its poke to stop): it opens the sources, sleeps on them and calls back. It
+runs in its own daemon thread (never on an event loop; its lifecycle is
 :class:`memreclaim._daemon.DaemonThread`'s). The callback gets a
 :class:`PressureEvent`; two calls are at least ``min_interval`` seconds apart (events meanwhile
 are counted in :attr:`PressureWatcher.suppressed`). A callback that raises is logged and counted;
@@ -28,26 +31,25 @@ the watcher keeps running.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
-import select
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import _deprecated, _validate
-from .._daemon import DaemonThread, FdIdentity, close_owned, fd_identity, owns_fd
-from ..memlimits import _read
+from .. import _validate
+from .._daemon import DaemonThread
 from . import wakeups
 from ._base import StartStop
-from .wakeups import EventsFile, PsiTrigger, WakeSource
+from .wakeups import EventsFile, PressureSource, PsiPoll, PsiTrigger, WakeSource, Wakeups
 
 __all__ = ["PressureEvent", "PressureWatcher"]
 
 log = logging.getLogger("memreclaim.pressure")
+
+_STOPS = "the pressure watcher stops (start it again)"
 
 
 @dataclass(frozen=True)
@@ -61,17 +63,6 @@ class PressureEvent:
     monotonic: float
 
 
-def _psi_total(text: str | None, kind: str) -> int | None:
-    """The ``total=`` stall in microseconds of the ``some`` or ``full`` line."""
-    for line in (text or "").splitlines():
-        if line.startswith(kind + " "):
-            for part in line.split():
-                if part.startswith("total="):
-                    with contextlib.suppress(ValueError):
-                        return int(part[6:])
-    return None
-
-
 def _default_callback(event: PressureEvent) -> None:
     from .. import trim  # the public trim: counted once in the process totals
 
@@ -83,6 +74,19 @@ def _default_callback(event: PressureEvent) -> None:
         event.detail,
         result.released,
     )
+
+
+class _Watch:
+    """What one run of the thread watches: the wake-ups (PSI triggers, ``memory.events``) and the
+    files read every ``poll_interval`` (``memory.events`` again, PSI files without a trigger)."""
+
+    def __init__(self, wakes: Wakeups, opened: list[WakeSource], polled: list[PsiPoll]) -> None:
+        self.wakes = wakes
+        self.opened = opened
+        self.polled = polled
+
+    def close(self) -> None:
+        self.wakes.close()  # closes every source it holds
 
 
 class PressureWatcher(StartStop):
@@ -131,10 +135,9 @@ class PressureWatcher(StartStop):
         )
         self._triggers = _validate.flag("triggers", triggers)
         self._name = _validate.instance("name", name, str)
+        self._watch: _Watch | None = None
         self._worker = DaemonThread("PressureWatcher", self._name, wake=self._wake)
-        self._wake_w = -1
-        self._wake_ident: FdIdentity | None = None
-        self._sources: tuple[wakeups.PressureSource, ...] = ()
+        self._sources: tuple[PressureSource, ...] = ()
         self._notes: list[str] = []
         self.fired = 0
         """Callbacks made."""
@@ -153,14 +156,16 @@ class PressureWatcher(StartStop):
         return self._worker.running
 
     @property
-    def sources(self) -> tuple[wakeups.PressureSource, ...]:
+    def sources(self) -> tuple[PressureSource, ...]:
         """What the running (or last) watcher watches, and how."""
         return self._sources
 
     @property
     def notes(self) -> tuple[str, ...]:
         """Why a source was adapted or fell back to polling, or is missing."""
-        return tuple(self._notes)
+        if self._watch is None:
+            return tuple(self._notes)
+        return (*self._notes, *self._watch.wakes.notes)
 
     def start(self) -> None:
         """Open the files, write the PSI trigger and start the thread.
@@ -172,26 +177,20 @@ class PressureWatcher(StartStop):
         """
 
         def setup(stop_event: threading.Event) -> tuple[Callable[[], None], Callable[[], None]]:
-            self._close_wake()  # of a thread that ended without stop()
             self._notes = []
-            opened = self._open()
-            if not opened:
+            self._watch = None
+            opened, polled = self._open()
+            if not opened and not polled:
                 self._notes.append("nothing to watch: no PSI file and no memory.events")
                 raise OSError(
                     errno.ENOENT,
                     "no memory pressure source: neither PSI (/proc/pressure/memory, the"
                     " cgroup's memory.pressure) nor a cgroup v2 memory.events is available",
                 )
-            wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-            self._wake_ident = fd_identity(self._wake_w)
-            r_ident = fd_identity(wake_r)
-
-            def cleanup() -> None:
-                self._close_fds(opened)
-                close_owned(wake_r, r_ident)
-                self._close_wake()
-
-            return (lambda: self._run(opened, wake_r, r_ident)), cleanup
+            wakes = Wakeups(opened, after_loss=_STOPS, keep_unwatched=True)
+            watch = _Watch(wakes, list(opened), polled)
+            self._watch = watch
+            return (lambda: self._run(watch, stop_event)), watch.close
 
         self._worker.start(setup)
 
@@ -203,16 +202,12 @@ class PressureWatcher(StartStop):
         Raises:
             TypeError, ValueError: a ``timeout`` that is not a number of seconds >= 0 or None.
         """
-        return self._worker.stop(timeout, stopped=self._close_wake)
+        return self._worker.stop(timeout)
 
     def _wake(self) -> None:
-        if owns_fd(self._wake_w, self._wake_ident):  # never a byte into the program's file
-            with contextlib.suppress(OSError):
-                os.write(self._wake_w, b"x")
-
-    def _close_wake(self) -> None:
-        close_owned(self._wake_w, self._wake_ident)
-        self._wake_w = -1
+        watch = self._watch
+        if watch is not None:
+            watch.wakes.poke()  # identity-checked: never a byte into the program's file
 
     # ---------------------------------------------------------------------------------------
     # sources
@@ -230,123 +225,97 @@ class PressureWatcher(StartStop):
             self._notes.append(trigger.note)
         return trigger
 
-    def _open(self) -> list[_Source]:
-        opened: list[_Source] = []
-        sources: list[wakeups.PressureSource] = []
+    def _poll_psi(self, path: str, why: str) -> PsiPoll | None:
+        """A PSI file read every ``poll_interval`` (``why``: why there is no trigger), or None
+        (said in :attr:`notes`) when the file has no stall figure."""
+        try:
+            poll = PsiPoll(path, kind=self._kind, stall=self._stall, window=self._window)
+        except OSError as exc:
+            self._notes.append(f"{path}: no PSI ({exc.strerror or exc}); not watched")
+            return None
+        self._notes.append(f"{path}: {why}")
+        return poll
+
+    def _open(self) -> tuple[list[WakeSource], list[PsiPoll]]:
+        opened: list[WakeSource] = []
+        polled: list[PsiPoll] = []
+        sources: list[PressureSource] = []
         if self._psi_path is not None:
             path = self._psi_path
             try:
-                trigger = self._open_trigger(path)
-                opened.append(_Source("psi", path, "trigger", trigger))
-                sources.append(wakeups.PressureSource("psi", path, "trigger"))
+                opened.append(self._open_trigger(path))
+                sources.append(PressureSource("psi", path, "trigger"))
             except OSError as exc:
-                total = _psi_total(_read(path), self._kind)
-                if total is None:
-                    self._notes.append(f"{path}: no PSI ({exc.strerror or exc}); not watched")
-                else:
-                    why = f"cannot write a trigger ({errno.errorcode.get(exc.errno or 0, exc)}:"
-                    why += f" {exc.strerror}); reading it every {self._poll_interval:g} s"
-                    self._notes.append(f"{path}: {why}")
-                    src = _Source("psi", path, "poll", None)
-                    src.total = total
-                    src.at = time.monotonic()
-                    opened.append(src)
-                    sources.append(wakeups.PressureSource("psi", path, "poll", why))
+                why = f"cannot write a trigger ({errno.errorcode.get(exc.errno or 0, exc)}:"
+                why += f" {exc.strerror}); reading it every {self._poll_interval:g} s"
+                poll = self._poll_psi(path, why)
+                if poll is not None:
+                    polled.append(poll)
+                    sources.append(PressureSource("psi", path, "poll", why))
         else:
             self._notes.append("no PSI file (kernel without CONFIG_PSI, or not asked for)")
         if self._events_path is not None:
             path = self._events_path
             try:
-                events = EventsFile(path)
+                opened.append(EventsFile(path))  # a wake-up on change, and read on the timer
             except OSError as exc:
                 self._notes.append(f"{path}: cannot open ({exc.strerror}); not watched")
             else:
-                opened.append(_Source("memory.events", path, "poll", events))
-                sources.append(wakeups.PressureSource("memory.events", path, "trigger"))
+                sources.append(PressureSource("memory.events", path, "trigger"))
         self._sources = tuple(sources)
-        return opened
-
-    @staticmethod
-    def _close_fds(opened: list[_Source]) -> None:
-        for src in opened:
-            if src.wake is not None:
-                src.wake.close()
+        return opened, polled
 
     # ---------------------------------------------------------------------------------------
     # the thread
 
-    def _lost(self, opened: list[_Source], wake_r: int, r_ident: FdIdentity | None) -> bool:
-        """True (and one warning) when the program closed or reused one of our descriptors."""
-        if owns_fd(wake_r, r_ident) and all(s.wake is None or s.wake.owned() for s in opened):
+    def _lost(self, watch: _Watch) -> bool:
+        """True when the watcher must stop: the wake-ups stopped (they said why, once), or the
+        program closed or reused one of the sources' descriptors (said here, once)."""
+        if watch.wakes.fileno() < 0:
+            return True
+        if all(source.fileno() < 0 or source.owned() for source in watch.opened):
             return False
         why = "a descriptor of the watcher was closed or reused by the program"
         self._notes.append(f"{why}: the watcher stopped")
         log.warning("memreclaim pressure watcher: %s: it stops (start it again)", why)
         return True
 
-    def _run(self, opened: list[_Source], wake_r: int, r_ident: FdIdentity | None) -> None:
-        poller = select.poll()
-        poller.register(wake_r, select.POLLIN)
-        by_fd = {}
-        for src in opened:
-            if src.fd >= 0:
-                poller.register(src.fd, select.POLLPRI)
-                by_fd[src.fd] = src
-        polled = [s for s in opened if s.mode == "poll"]
-        timeout_ms = round(self._poll_interval * 1000) if polled else None
+    def _retire_lost_triggers(self, watch: _Watch) -> None:
+        """A trigger the wake-ups dropped (its cgroup was removed): read its file instead."""
+        for source in list(watch.opened):
+            if isinstance(source, PsiTrigger) and source.fileno() < 0:
+                watch.opened.remove(source)
+                poll = self._poll_psi(source.path, "trigger lost; polling the file")
+                if poll is not None:
+                    watch.polled.append(poll)
+
+    def _run(self, watch: _Watch, stop_event: threading.Event) -> None:
         try:
-            while True:
-                try:
-                    ready = poller.poll(timeout_ms)
-                except InterruptedError:  # pragma: no cover - PEP 475 retries
-                    continue
-                if self._lost(opened, wake_r, r_ident):
+            while not stop_event.is_set():
+                polling = watch.polled or any(isinstance(s, EventsFile) for s in watch.opened)
+                wakes = watch.wakes.wait(self._poll_interval if polling else None)
+                if stop_event.is_set() or self._lost(watch):
                     return
-                if any(fd == wake_r for fd, _ in ready):
-                    return
-                for fd, mask in ready:
-                    found = by_fd.get(fd)
-                    if found is None:
-                        continue
-                    src = found
-                    if src.mode == "trigger" and src.wake is not None:
-                        detail = src.wake.consume(mask)
-                        if src.wake.lost:
-                            # the trigger went away (its cgroup was removed): poll instead
-                            poller.unregister(fd)
-                            self._notes.append(f"{src.path}: trigger lost; polling the file")
-                            src.mode = "poll"
-                            polled.append(src)
-                            timeout_ms = round(self._poll_interval * 1000)
-                        elif detail is not None:
-                            self._fire(src, detail)
-                for src in polled:
-                    self._check(src)
+                for wake in wakes:
+                    self._fire(wake.kind, wake.path, wake.detail)
+                self._retire_lost_triggers(watch)
+                self._poll(watch.opened, watch.polled)
         finally:
-            self._close_fds(opened)
-            close_owned(wake_r, r_ident)  # stop() closes the write end, after the join
+            watch.close()
 
-    def _check(self, src: _Source) -> None:
-        """Read a polled file; fire if it shows pressure since the last read."""
-        if isinstance(src.wake, EventsFile):
-            grew = src.wake.check()
-            if grew is not None:
-                self._fire(src, grew)
-            return
-        now = time.monotonic()
-        total = _psi_total(_read(src.path), self._kind)
-        if total is None:
-            return
-        if src.total is None:
-            src.total, src.at = total, now
-            return
-        stalled = (total - src.total) / 1e6
-        elapsed = max(now - src.at, 1e-9)
-        src.total, src.at = total, now
-        if stalled / elapsed >= self._stall / self._window:
-            self._fire(src, f"{self._kind} stall {stalled * 1000:.0f} ms in {elapsed:.1f} s")
+    def _poll(self, opened: list[WakeSource], polled: list[PsiPoll]) -> None:
+        """Read the polled files; fire for each that shows pressure since its last read."""
+        for source in opened:
+            if isinstance(source, EventsFile) and source.fileno() >= 0:
+                grew = source.check()
+                if grew is not None:
+                    self._fire(source.kind, source.path, grew)
+        for poll in polled:
+            detail = poll.check()
+            if detail is not None:
+                self._fire(poll.kind, poll.path, detail)
 
-    def _fire(self, src: _Source, detail: str) -> None:
+    def _fire(self, source: str, path: str, detail: str) -> None:
         now = time.monotonic()
         if self._last_fire is not None and now - self._last_fire < self._min_interval:
             self.suppressed += 1
@@ -354,32 +323,7 @@ class PressureWatcher(StartStop):
         self._last_fire = now
         self.fired += 1
         try:
-            self._callback(PressureEvent(src.kind, src.path, detail, now))
+            self._callback(PressureEvent(source, path, detail, now))
         except Exception:
             self.errors += 1
             log.exception("memreclaim pressure callback failed (the watcher keeps running)")
-
-
-class _Source:
-    """A file the thread watches (mutable, thread-private): a wake-up source, or a PSI file
-    read every ``poll_interval`` (``wake`` None)."""
-
-    def __init__(self, kind: str, path: str, mode: str, wake: WakeSource | None) -> None:
-        self.kind = kind
-        self.path = path
-        self.wake = wake
-        self.fd = -1 if wake is None else wake.fileno()
-        self.mode = mode
-        self.total: int | None = None
-        self.at = 0.0
-
-
-# Moved to memreclaim.runners.wakeups (one release, then gone).
-_MOVED: dict[str, tuple[str, object]] = {
-    "PressureSource": ("memreclaim.runners.wakeups.PressureSource", wakeups.PressureSource),
-    "find_sources": ("memreclaim.runners.wakeups.find_sources", wakeups.find_sources),
-}
-
-
-def __getattr__(name: str) -> object:
-    return _deprecated.lookup(__name__, name, _MOVED)

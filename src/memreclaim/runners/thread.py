@@ -23,6 +23,7 @@ from ._base import (
     TrimEvent,
     _instances,
     _Runner,
+    _Settings,
     logger,
 )
 from .wakeups import Wakeups
@@ -73,18 +74,7 @@ class BackgroundTrimmer(_Runner, StartStop):
         name: str = "memreclaim-trimmer",
         wake_on: Iterable[str] = DEFAULT_WAKE_ON,
     ) -> None:
-        super().__init__(
-            interval=interval,
-            policy=policy,
-            slack=slack,
-            min_interval=min_interval,
-            limit=limit,
-            thresholds=thresholds,
-            pools=pools,
-            on_trim=on_trim,
-            name=name,
-            wake_on=wake_on,
-        )
+        super().__init__(_Settings.of(locals()))  # the shared settings, declared once
         self._worker = DaemonThread(self._kind, name, wake=self._poke)
         self._tick_lock = threading.Lock()  # serialises ticks
         _instances.add(self)

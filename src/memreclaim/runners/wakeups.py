@@ -1,11 +1,11 @@
-"""One wake-up interface: the kernel's (and the service manager's) memory notifications that a
-runner or the pressure watcher sleeps on besides its timer.
+"""One wake-up multiplexer: the kernel's (and the service manager's) memory notifications that a
+runner or the pressure watcher sleeps on besides its timer. This is the package's one module that
+uses epoll, eventfd or poll/select (tests/test_wakeups.py keeps it so).
 
 Sources, each a file descriptor the kernel makes ready:
 
-- :class:`UsageAlarmSource`: the cgroup v1 usage threshold
-  (:class:`memreclaim.memlimits.UsageAlarm`, an eventfd, readable once the usage crossed the
-  limit's mark).
+- :class:`UsageAlarmSource`: the cgroup v1 usage threshold (:class:`UsageAlarm`, an eventfd,
+  readable once the usage crossed the limit's mark).
 - :class:`PsiTrigger`: a PSI trigger (``some 150000 1000000``: 150 ms of stall within 1 s)
   written to the cgroup's ``memory.pressure`` or ``/proc/pressure/memory``; ``POLLPRI`` when it
   fires.
@@ -20,7 +20,8 @@ Sources, each a file descriptor the kernel makes ready:
 :class:`Wakeups` holds a set of them in one ``epoll`` descriptor: a thread sleeps in
 :meth:`Wakeups.wait`, an event loop watches :meth:`Wakeups.fileno` with ``add_reader`` (an epoll
 descriptor is readable when one of its sources is ready). :meth:`Wakeups.poke` wakes a sleeper
-(a runner being stopped).
+(a runner being stopped). :class:`PsiPoll` is the one source without a descriptor: a PSI file
+read on a timer where no trigger can be written (the pressure watcher's fallback).
 """
 
 from __future__ import annotations
@@ -35,25 +36,30 @@ import select
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .. import _validate
 from .._daemon import abandon, close_owned, fd_identity, owns_fd
-from ..memlimits import UsageAlarm, _eventfd_poke, _read_counters, cgroup_dirs, usage_alarm
+from ..memlimits import cgroup_dirs, limits
 
 __all__ = [
     "EVENT_COUNTERS",
     "WAKE_KINDS",
     "EventsFile",
     "PressureSource",
+    "PsiPoll",
     "PsiTrigger",
     "SystemdPressure",
+    "UsageAlarm",
     "UsageAlarmSource",
     "Wake",
     "WakeSource",
     "Wakeups",
     "find_sources",
     "open_source",
+    "usage_alarm",
 ]
 
 log = logging.getLogger("memreclaim.wakeups")
@@ -70,6 +76,136 @@ class Wake:
     kind: str
     path: str
     detail: str
+
+
+def _eventfd_poke(fd: int) -> None:
+    """Add 1 to the eventfd ``fd`` (readable now); no-op for -1 (closed) or a full counter."""
+    if fd >= 0:
+        try:
+            os.eventfd_write(fd, 1)
+        except OSError as exc:  # the counter is full: a wake-up is pending anyway
+            if exc.errno != errno.EAGAIN:
+                raise
+
+
+def _event_counts(text: str | None) -> dict[str, int]:
+    """The :data:`EVENT_COUNTERS` of a ``memory.events`` text (other lines are skipped)."""
+    counts: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name in EVENT_COUNTERS and value.strip().isdigit():
+            counts[name] = int(value)
+    return counts
+
+
+class UsageAlarm:
+    """A kernel notification when a cgroup v1 memory cgroup's usage crosses ``threshold`` bytes.
+
+    ``memory.usage_in_bytes`` is registered with an eventfd through ``cgroup.event_control``. The
+    kernel checks thresholds as it charges pages (every few hundred KiB), so the eventfd becomes
+    readable within about a MiB of the crossing (upwards or downwards), however fast memory
+    grows: a runner sleeping on it (:meth:`wait`, or a :class:`Wakeups` through
+    :class:`UsageAlarmSource`) wakes at the limit's mark instead of at its next tick. The
+    registration ends when the eventfd is closed (:meth:`close`).
+
+    cgroup v2 has no usage threshold: there, the runners' readings speed up near the limit
+    instead (:meth:`memreclaim.policy.PacingPolicy.tick_interval`).
+
+    Raises:
+        OSError: the cgroup has no ``memory.usage_in_bytes`` or ``cgroup.event_control``, or the
+            kernel refused the registration (e.g. ``EACCES`` for a cgroup this user cannot
+            write): nothing stays open.
+        ValueError: for a threshold that is not > 0.
+    """
+
+    def __init__(self, cgroup_dir: str, threshold: int) -> None:
+        self.threshold = _validate.size("threshold", threshold)
+        self.cgroup_dir = os.fspath(cgroup_dir)
+        self._lock = threading.Lock()
+        self._efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        try:
+            usage = os.open(
+                os.path.join(self.cgroup_dir, "memory.usage_in_bytes"),
+                os.O_RDONLY | os.O_CLOEXEC,
+            )
+            try:
+                control = os.open(
+                    os.path.join(self.cgroup_dir, "cgroup.event_control"),
+                    os.O_WRONLY | os.O_CLOEXEC,
+                )
+                try:
+                    os.write(control, f"{self._efd} {usage} {self.threshold}".encode())
+                finally:
+                    os.close(control)
+            finally:
+                os.close(usage)  # the kernel keeps what it needs of it
+        except BaseException:
+            os.close(self._efd)
+            raise
+        # A program that closes inherited descriptors may reuse the number: never poke into or
+        # close its file (see memreclaim._daemon.owns_fd).
+        self._ident = fd_identity(self._efd)
+
+    def fileno(self) -> int:
+        """The eventfd (readable once the threshold was crossed), or -1 once closed."""
+        return self._efd
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a crossing (or :meth:`poke`); True if one came.
+
+        Consumes the notification. Returns False at once when the alarm is closed.
+        """
+        fd = self._efd
+        if not owns_fd(fd, self._ident):
+            return False
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, timeout))
+        except (OSError, ValueError):  # closed meanwhile by another thread
+            return False
+        return bool(ready) and self._drain()
+
+    def _drain(self) -> bool:
+        with self._lock:
+            if not owns_fd(self._efd, self._ident):
+                return False
+            try:
+                os.eventfd_read(self._efd)
+            except BlockingIOError:
+                return False
+            return True
+
+    def poke(self) -> None:
+        """Make :meth:`wait` return now (a stopping runner wakes its thread); no-op once closed."""
+        with self._lock:
+            if owns_fd(self._efd, self._ident):
+                _eventfd_poke(self._efd)
+
+    def close(self) -> None:
+        """Unregister (close the eventfd, unless the program reused its number); idempotent."""
+        with self._lock:
+            fd, self._efd = self._efd, -1
+        close_owned(fd, self._ident)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: close this copy of the eventfd without the (maybe held) lock."""
+        fd, self._efd = self._efd, -1
+        self._lock = threading.Lock()
+        close_owned(fd, self._ident)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._efd < 0 else f"fd {self._efd}"
+        return f"UsageAlarm({self.cgroup_dir!r}, threshold={self.threshold}, {state})"
+
+
+def usage_alarm(threshold: int) -> tuple[UsageAlarm | None, str]:
+    """A :class:`UsageAlarm` on this process's limiting cgroup v1, or None and why not."""
+    lim = limits()
+    if lim.source != "cgroup1" or lim.path is None:
+        return None, f"no cgroup v1 memory limit (limit source: {lim.source})"
+    try:
+        return UsageAlarm(lim.path, threshold), ""
+    except OSError as exc:
+        return None, f"cannot register a usage threshold in {lim.path}: {exc}"
 
 
 class WakeSource:
@@ -119,7 +255,7 @@ class WakeSource:
 
 
 class UsageAlarmSource(WakeSource):
-    """The cgroup v1 usage alarm (:class:`memreclaim.memlimits.UsageAlarm`) as a source."""
+    """The cgroup v1 usage alarm (:class:`UsageAlarm`) as a source."""
 
     kind = "usage-alarm"
     events = select.POLLIN
@@ -203,7 +339,7 @@ class EventsFile(WakeSource):
 
     def __init__(self, path: str) -> None:
         super().__init__(path, os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
-        self.counters = _read_counters(self._pread())
+        self.counters = _event_counts(self._pread())
 
     def _pread(self) -> str | None:
         try:
@@ -215,7 +351,7 @@ class EventsFile(WakeSource):
         """Read the file; which counters grew by how much since the last read, or None."""
         # A counter missing from a read (a failed or empty one: a file being rewritten) keeps
         # its last value; taken as 0 it would count everything since boot again next time.
-        counters = {**self.counters, **_read_counters(self._pread())}
+        counters = {**self.counters, **_event_counts(self._pread())}
         grew = {
             key: counters[key] - self.counters.get(key, 0)
             for key in EVENT_COUNTERS
@@ -226,6 +362,61 @@ class EventsFile(WakeSource):
 
     def consume(self, mask: int) -> str | None:
         return self.check()
+
+
+def _psi_total(text: str | None, kind: str) -> int | None:
+    """The ``total=`` stall in microseconds of the ``some`` or ``full`` line."""
+    for line in (text or "").splitlines():
+        if line.startswith(kind + " "):
+            for part in line.split():
+                if part.startswith("total="):
+                    with contextlib.suppress(ValueError):
+                        return int(part[6:])
+    return None
+
+
+class PsiPoll:
+    """A PSI file read on a timer where no trigger can be written (no ``CAP_SYS_RESOURCE`` on an
+    old kernel, a read-only file, ``triggers=False``): :meth:`check` says when tasks stalled on
+    memory for at least ``stall`` seconds per ``window`` since the last read. No descriptor is
+    kept (the file is opened by path for each read), so it is not a :class:`WakeSource`.
+
+    Raises:
+        OSError: the file cannot be read or has no ``total=`` stall for ``kind``
+            (``errno.ENODATA``).
+    """
+
+    kind = "psi"
+
+    def __init__(self, path: str, *, kind: str = "some", stall: float = 0.15, window: float = 1.0):
+        if kind not in ("some", "full"):
+            raise ValueError(f"kind must be 'some' or 'full', got {kind!r}")
+        self.path = path
+        self._kind = kind
+        self._share = stall / window
+        with open(path, encoding="ascii", errors="replace") as f:
+            total = _psi_total(f.read(), kind)
+        if total is None:
+            raise OSError(errno.ENODATA, f"no '{kind} ... total=' line", path)
+        self._total, self._at = total, time.monotonic()
+
+    def check(self) -> str | None:
+        """Read the file: the stall since the last read when its share reached ``stall /
+        window``, else None (also when the file cannot be read)."""
+        now = time.monotonic()
+        try:
+            with open(self.path, encoding="ascii", errors="replace") as f:
+                total = _psi_total(f.read(), self._kind)
+        except OSError:
+            return None
+        if total is None:
+            return None
+        stalled = (total - self._total) / 1e6
+        elapsed = max(now - self._at, 1e-9)
+        self._total, self._at = total, now
+        if stalled / elapsed < self._share:
+            return None
+        return f"{self._kind} stall {stalled * 1000:.0f} ms in {elapsed:.1f} s"
 
 
 class SystemdPressure(WakeSource):
@@ -369,13 +560,25 @@ class Wakeups:
     """A set of :class:`WakeSource` in one epoll descriptor, plus a poke to wake the sleeper.
 
     Owns its sources (:meth:`close` closes them). A source the epoll cannot watch (a regular
-    file: ``EPERM``) is closed and left out, and :attr:`notes` says so.
+    file: ``EPERM``) is left out, and :attr:`notes` says so: it is closed, or with
+    ``keep_unwatched=True`` kept open (and closed with the rest) for an owner that reads it on its
+    timer. ``after_loss`` is what the owner does once the wake-ups stopped (said in the one
+    warning).
 
     Raises:
         OSError: the epoll or eventfd cannot be made (out of descriptors): nothing stays open.
     """
 
-    def __init__(self, sources: Iterable[WakeSource]) -> None:
+    def __init__(
+        self,
+        sources: Iterable[WakeSource],
+        *,
+        after_loss: str = "the runner goes on with its timer",
+        keep_unwatched: bool = False,
+    ) -> None:
+        self._after_loss = _validate.instance("after_loss", after_loss, str)
+        self._keep_unwatched = _validate.flag("keep_unwatched", keep_unwatched)
+        self._unwatched: list[WakeSource] = []
         self._lock = threading.Lock()
         self.notes: list[str] = []
         self._sources: dict[int, WakeSource] = {}
@@ -407,8 +610,14 @@ class Wakeups:
         try:
             self._epoll.register(source.fileno(), _EPOLL[source.events])
         except OSError as exc:
-            self.notes.append(f"{source.path}: cannot be watched ({exc.strerror}); left out")
-            source.close()
+            if self._keep_unwatched:
+                self.notes.append(
+                    f"{source.path}: cannot be watched ({exc.strerror}); read on the timer"
+                )
+                self._unwatched.append(source)
+            else:
+                self.notes.append(f"{source.path}: cannot be watched ({exc.strerror}); left out")
+                source.close()
             return
         self._sources[source.fileno()] = source
 
@@ -476,8 +685,8 @@ class Wakeups:
     def _break(self, why: str) -> None:
         """Stop the wake-ups for good, saying why once; keep every number we no longer own."""
         self._broken = why
-        self.notes.append(f"wake-ups stopped: {why}; the runner goes on with its timer")
-        log.warning("memreclaim: wake-ups stopped: %s; the runner goes on with its timer", why)
+        self.notes.append(f"wake-ups stopped: {why}; {self._after_loss}")
+        log.warning("memreclaim: wake-ups stopped: %s; %s", why, self._after_loss)
 
     def _drop(self, source: WakeSource) -> None:
         self.notes.append(f"{source.path}: {source.kind} source lost; no longer watched")
@@ -507,7 +716,8 @@ class Wakeups:
         self._closed = True
         self._asleep.set()
         poke, self._poke = self._poke, -1
-        sources, self._sources = list(self._sources.values()), {}
+        sources, self._sources = [*self._sources.values(), *self._unwatched], {}
+        self._unwatched = []
         close_owned(poke, self._idents[1])
         if self._epoll.closed or owns_fd(self._epoll.fileno(), self._idents[0]):
             self._epoll.close()
