@@ -118,14 +118,14 @@ def _cluster(route: str, limit: str) -> Any:
 
 
 def _sample(client: Any, seen: dict[str, Any]) -> None:
-    """One status sample: count pauses (a worker newly paused) and pids seen per name."""
-    for info in client.scheduler_info(n_workers=-1)["workers"].values():
+    """One status sample: count pauses (a worker newly paused) and addresses seen per name."""
+    for address, info in client.scheduler_info(n_workers=-1)["workers"].items():
         name = str(info.get("name"))
         status = info.get("status")
         if status == "paused" and seen["status"].get(name) != "paused":
             seen["pauses"] += 1
         seen["status"][name] = status
-        seen["pids"].setdefault(name, set()).add(info.get("pid"))
+        seen["pids"].setdefault(name, set()).add(address)  # a restarted worker: a new one
 
 
 def run_once(
@@ -225,7 +225,11 @@ def ray_once(hook: bool, *, tasks: int = 8, count: int = COUNT) -> dict[str, Any
 
     from memreclaim.runners import autostart
 
-    env: dict[str, Any] = {}
+    # the tasks are this module's functions: the workers import it from here
+    path = os.pathsep.join(
+        p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p
+    )
+    env: dict[str, Any] = {"env_vars": {"PYTHONPATH": path}}
     if hook:
         env["worker_process_setup_hook"] = "memreclaim.integrations.ray.setup"
     ray.init(num_cpus=2, include_dashboard=False, runtime_env=env, log_to_driver=False)
@@ -362,9 +366,10 @@ def report(runs: list[dict[str, Any]], ray_rows: list[dict[str, Any]], meta: dic
         "# Dask and Ray workers: what each way of giving memory back leaves",
         "",
         "Written by `benchmarks/bench_dask.py` (its docstring has the workload and the routes):",
-        f"`{meta['command']}`. distributed {distributed.__version__}, Python"
-        f" {sys.version.split()[0]}; load average before/after: {meta['load_before']} /"
-        f" {meta['load_after']} (a shared 2-core machine: read the wall times side by side).",
+        f"`{meta['command']}` (load {meta['load_before']} before, {meta['load_after']} after"
+        f" the last). distributed {distributed.__version__}, Python {sys.version.split()[0]},"
+        " a shared 2-core machine, each part run alone under a quiet lock: read the wall times"
+        " side by side.",
         "",
         f"`LocalCluster(n_workers=2, threads_per_worker=2, processes=True)`, {TASKS} tasks of"
         f" {COUNT:,} strings of 600-4,000 bytes each, every 50th kept as the task's result;"
@@ -398,9 +403,24 @@ def main() -> int:
     parser.add_argument("--ray", action="store_true", help="add the Ray rows")
     parser.add_argument("--write", type=Path, help="write the Markdown report here")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        action="append",
+        help="also report the runs of an earlier --json (a run split to fit a quiet window)",
+    )
     args = parser.parse_args()
+    commands = []
+    earlier: list[dict[str, Any]] = []
+    earlier_ray: list[dict[str, Any]] = []
+    for path in args.merge or []:
+        old = json.loads(path.read_text())
+        earlier += old["runs"]
+        earlier_ray += old["ray"]
+        commands.append(f"{old['meta']['command']} (load {old['meta']['load_before']})")
+    commands.append("python benchmarks/bench_dask.py " + " ".join(sys.argv[1:]))
     meta = {
-        "command": "python benchmarks/bench_dask.py " + " ".join(sys.argv[1:]),
+        "command": "`, then `".join(commands),
         "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "deadline": args.deadline,
     }
@@ -417,12 +437,12 @@ def main() -> int:
         print(json.dumps(row), flush=True)
     meta["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"load: {meta['load_after']}", flush=True)
-    text = report(runs, ray_rows, meta)
+    if args.json:
+        args.json.write_text(json.dumps({"runs": runs, "ray": ray_rows, "meta": meta}, indent=1))
+    text = report(earlier + runs, earlier_ray + ray_rows, meta)
     print(text)
     if args.write:
         args.write.write_text(text)
-    if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "ray": ray_rows, "meta": meta}, indent=1))
     return 0
 
 

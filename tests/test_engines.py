@@ -118,8 +118,7 @@ with bench_dask._cluster("plugin", "1GiB") as cluster, Client(cluster) as client
     client.restart_workers([first])
     def new_worker():
         info = client.scheduler_info(n_workers=-1)["workers"]
-        old = {{f["pid"] for f in before.values()}}
-        fresh = [a for a, w in info.items() if w["pid"] not in old]
+        fresh = [a for a in info if a not in before]  # a restarted worker has a new address
         return fresh and all("memreclaim_trims" in info[a]["metrics"] for a in fresh) and fresh
     fresh = wait_for(new_worker, "restarted worker with memreclaim metrics")
     client.gather(client.map(bench_dask.burst, range(4), count=60_000))

@@ -42,6 +42,7 @@ Importing this module imports ``distributed``; ``import memreclaim`` does not.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from typing import Any
 from distributed import Worker, WorkerPlugin
 
 from ..policy import PacingPolicy
+from ..runners import autostart
 from ..runners._base import TrimEvent
 from ..units import format_bytes
 from ..watchdog import BackgroundTrimmer
@@ -196,7 +198,9 @@ def _register_prometheus(figures: _Figures) -> None:
     except ImportError:
         return
     if _prometheus_figures is None:
-        prometheus.register(REGISTRY)
+        # registered already by the application (ValueError): its figures are there
+        with contextlib.suppress(ValueError):
+            prometheus.register(REGISTRY)
 
         class _DaskCollector:
             def collect(self) -> Any:
@@ -217,6 +221,9 @@ _prometheus_figures: _Figures | None = None
 
 def _start(worker: Any, trimmer_args: dict[str, Any]) -> BackgroundTrimmer:
     trimmer, figures = _build(worker, trimmer_args)
+    if autostart.current() is not None:  # MEMRECLAIM=1 reached the worker too: one trimmer
+        autostart.deactivate(timeout=1.0)
+        log.info("memreclaim: the MEMRECLAIM=1 trimmer of this worker stopped; the plugin's runs")
     trimmer.start()
     _register_prometheus(figures)
     log.info(
