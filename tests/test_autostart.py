@@ -116,27 +116,31 @@ print(json.dumps({"parent": state(), "child": child}))
     assert out["child"]["ticks"] == 0
 
 
-def test_a_spawned_child_starts_one_through_the_hook(tmp_path: Path) -> None:
-    """multiprocessing's spawn method (uvicorn --workers): a fresh interpreter, whose start-up
-    hook reads the inherited MEMRECLAIM."""
-    script = tmp_path / "spawner.py"  # spawn pickles the target by name: a file, not -c
-    script.write_text(STATE + """
+def run_child_of(method: str, tmp_path: Path, env: dict[str, str]) -> tuple[dict, str]:
+    """A script whose multiprocessing child (``method``) reports whether its trimmer runs."""
+    script = tmp_path / f"{method}.py"  # spawn pickles the target by name: a file, not -c
+    script.write_text(STATE + f"""
 import multiprocessing as mp
 def probe(queue):
     from memreclaim.runners import autostart
     runner = autostart.current()
-    queue.put({"pid": os.getpid(), "running": bool(runner and runner.running)})
+    queue.put({{"pid": os.getpid(), "running": bool(runner and runner.running)}})
 if __name__ == "__main__":
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context({method!r})
     queue = ctx.Queue()
     proc = ctx.Process(target=probe, args=(queue,))
     proc.start()
     child = queue.get(timeout=60)
     proc.join(60)
-    print(json.dumps({"child": child, "parent": state()}))
+    print(json.dumps({{"child": child, "parent": state()}}))
 """)
-    out, err = python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
-                      {"MEMRECLAIM": "1"})
+    return python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", env)
+
+
+def test_a_spawned_child_starts_one_through_the_hook(tmp_path: Path) -> None:
+    """multiprocessing's spawn method (uvicorn --workers): a fresh interpreter, whose start-up
+    hook reads the inherited MEMRECLAIM."""
+    out, err = run_child_of("spawn", tmp_path, {"MEMRECLAIM": "1"})
     assert out["child"]["running"] is True, err
     assert out["child"]["pid"] != out["parent"]["pid"]
 
@@ -292,25 +296,17 @@ def test_run_limit_option(tmp_path: Path) -> None:
     script = tmp_path / "prog.py"
     script.write_text(STATE + "print(json.dumps(state()))\n")
     base = {k: v for k, v in os.environ.items() if k not in (*NAMES, "MEMRECLAIM_LOG")}
-    command = [sys.executable, "-m", "memreclaim", "run", "--limit"]
-    proc = subprocess.run(
-        [*command, "512MiB", "--", str(script)],
-        env=base,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+
+    def run(limit: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "memreclaim", "run", "--limit", limit, "--", str(script)]
+        return subprocess.run(
+            argv, env=base, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    proc = run("512MiB")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["limit"] == 512 << 20
-    bad = subprocess.run(
-        [*command, "lots", "--", str(script)],
-        env=base,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    bad = run("lots")
     assert bad.returncode == 2 and "--limit='lots'" in bad.stderr, bad.stderr
     assert bad.stdout == ""  # the program never ran
 
@@ -352,29 +348,8 @@ def test_multiprocessing_helpers_start_no_trimmer_but_the_forkserver_children_do
 ) -> None:
     """MEMRECLAIM=1 with the forkserver method: the resource tracker and the forkserver say
     they start none; the process the forkserver forks for the pool runs its own."""
-    script = tmp_path / "forkserver.py"
-    script.write_text(
-        STATE
-        + """
-import multiprocessing as mp
-def probe(queue):
-    from memreclaim.runners import autostart
-    runner = autostart.current()
-    queue.put({"pid": os.getpid(), "running": bool(runner and runner.running)})
-if __name__ == "__main__":
-    ctx = mp.get_context("forkserver")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=probe, args=(queue,))
-    proc.start()
-    child = queue.get(timeout=60)
-    proc.join(60)
-    print(json.dumps({"child": child, "parent": state()}))
-"""
-    )
-    out, err = python(
-        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
-        {"MEMRECLAIM": "1", "MEMRECLAIM_LOG": "info"},
-    )
+    env = {"MEMRECLAIM": "1", "MEMRECLAIM_LOG": "info"}
+    out, err = run_child_of("forkserver", tmp_path, env)
     assert out["parent"]["running"] and out["child"]["running"], err
     assert err.count("multiprocessing's resource tracker: it holds no user data") == 1, err
     assert err.count("multiprocessing's forkserver: it holds no user data") == 1, err
