@@ -18,7 +18,13 @@ from memreclaim.runners import autostart
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOK = "memreclaim-autostart.pth"
-NAMES = ("MEMRECLAIM", "MEMRECLAIM_INTERVAL", "MEMRECLAIM_SLACK", "MEMRECLAIM_MIN_INTERVAL")
+NAMES = (
+    "MEMRECLAIM",
+    "MEMRECLAIM_INTERVAL",
+    "MEMRECLAIM_SLACK",
+    "MEMRECLAIM_MIN_INTERVAL",
+    "MEMRECLAIM_LIMIT",
+)
 
 
 def python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[dict, str]:
@@ -47,6 +53,7 @@ def state():
     return {"pid": os.getpid(), "running": bool(runner and runner.running),
             "interval": runner.interval if runner else None,
             "slack": runner.policy.slack if runner else None,
+            "limit": runner.policy.limit if runner else None,
             "threads": [t.name for t in threading.enumerate()]}
 """
 
@@ -109,27 +116,31 @@ print(json.dumps({"parent": state(), "child": child}))
     assert out["child"]["ticks"] == 0
 
 
-def test_a_spawned_child_starts_one_through_the_hook(tmp_path: Path) -> None:
-    """multiprocessing's spawn method (uvicorn --workers): a fresh interpreter, whose start-up
-    hook reads the inherited MEMRECLAIM."""
-    script = tmp_path / "spawner.py"  # spawn pickles the target by name: a file, not -c
-    script.write_text(STATE + """
+def run_child_of(method: str, tmp_path: Path, env: dict[str, str]) -> tuple[dict, str]:
+    """A script whose multiprocessing child (``method``) reports whether its trimmer runs."""
+    script = tmp_path / f"{method}.py"  # spawn pickles the target by name: a file, not -c
+    script.write_text(STATE + f"""
 import multiprocessing as mp
 def probe(queue):
     from memreclaim.runners import autostart
     runner = autostart.current()
-    queue.put({"pid": os.getpid(), "running": bool(runner and runner.running)})
+    queue.put({{"pid": os.getpid(), "running": bool(runner and runner.running)}})
 if __name__ == "__main__":
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context({method!r})
     queue = ctx.Queue()
     proc = ctx.Process(target=probe, args=(queue,))
     proc.start()
     child = queue.get(timeout=60)
     proc.join(60)
-    print(json.dumps({"child": child, "parent": state()}))
+    print(json.dumps({{"child": child, "parent": state()}}))
 """)
-    out, err = python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
-                      {"MEMRECLAIM": "1"})
+    return python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", env)
+
+
+def test_a_spawned_child_starts_one_through_the_hook(tmp_path: Path) -> None:
+    """multiprocessing's spawn method (uvicorn --workers): a fresh interpreter, whose start-up
+    hook reads the inherited MEMRECLAIM."""
+    out, err = run_child_of("spawn", tmp_path, {"MEMRECLAIM": "1"})
     assert out["child"]["running"] is True, err
     assert out["child"]["pid"] != out["parent"]["pid"]
 
@@ -143,6 +154,8 @@ if __name__ == "__main__":
         ({"MEMRECLAIM": "1", "MEMRECLAIM_SLACK": "lots"}, "MEMRECLAIM_SLACK='lots'"),
         ({"MEMRECLAIM": "1", "MEMRECLAIM_MIN_INTERVAL": "0"}, "MEMRECLAIM_MIN_INTERVAL='0'"),
         ({"MEMRECLAIM": "1", "MEMRECLAIM_LOG": "loud"}, "MEMRECLAIM_LOG='loud'"),
+        ({"MEMRECLAIM": "1", "MEMRECLAIM_LIMIT": "lots"}, "MEMRECLAIM_LIMIT='lots'"),
+        ({"MEMRECLAIM": "1", "MEMRECLAIM_LIMIT": "0"}, "MEMRECLAIM_LIMIT='0'"),
     ],
 )
 def test_a_bad_value_warns_once_and_starts_nothing(env: dict[str, str], named: str) -> None:
@@ -220,6 +233,9 @@ def test_activate_rejects_bad_arguments_and_changes_nothing() -> None:
         ({"min_interval": -1.0}, ValueError),
         ({"log": "loud"}, ValueError),
         ({"log": 20}, TypeError),
+        ({"limit": "lots"}, ValueError),
+        ({"limit": True}, TypeError),
+        ({"limit": 0}, ValueError),
     ],
 )
 def test_settings_reject_bad_values(kwargs: dict[str, object], error: type[Exception]) -> None:
@@ -235,6 +251,9 @@ def test_settings_from_environment_rejects_a_non_mapping() -> None:
 def test_settings_round_trip_through_the_environment() -> None:
     settings = autostart.Settings(interval=2.5, slack=10 << 20, min_interval=3.0, log="info")
     assert autostart.settings_from_environment(settings.environment()) == settings
+    for limit in (None, "auto", 700 << 20):
+        settings = autostart.Settings(limit=limit)
+        assert autostart.settings_from_environment(settings.environment()) == settings
     assert autostart.settings_from_environment(autostart.Settings().environment()) == (
         autostart.Settings()
     )
@@ -251,3 +270,88 @@ def test_activate_in_process_then_deactivate() -> None:
         assert autostart.deactivate() is True
     assert autostart.current() is None
     assert autostart.deactivate() is True  # twice: nothing to do
+
+
+@pytest.mark.parametrize(("text", "limit"), [("700MiB", 700 << 20), ("none", None)])
+def test_memreclaim_limit_sets_the_trimmers_limit(text: str, limit: int | None) -> None:
+    out, err = python(
+        STATE + "print(json.dumps(state()))", {"MEMRECLAIM": "1", "MEMRECLAIM_LIMIT": text}
+    )
+    assert out["running"] is True, err
+    assert out["limit"] == limit
+
+
+def test_parse_limit_spellings_and_failures() -> None:
+    assert autostart.parse_limit("L", " 1 GiB ") == 1 << 30
+    assert autostart.parse_limit("L", "") == "auto"
+    assert autostart.parse_limit("L", "AUTO") == "auto"
+    assert autostart.parse_limit("L", "None") is None
+    with pytest.raises(ValueError, match="L='-5'"):
+        autostart.parse_limit("L", "-5")
+    with pytest.raises(TypeError, match="L"):
+        autostart.parse_limit("L", 5)  # type: ignore[arg-type]
+
+
+def test_run_limit_option(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text(STATE + "print(json.dumps(state()))\n")
+    base = {k: v for k, v in os.environ.items() if k not in (*NAMES, "MEMRECLAIM_LOG")}
+
+    def run(limit: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "memreclaim", "run", "--limit", limit, "--", str(script)]
+        return subprocess.run(
+            argv, env=base, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    proc = run("512MiB")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["limit"] == 512 << 20
+    bad = run("lots")
+    assert bad.returncode == 2 and "--limit='lots'" in bad.stderr, bad.stderr
+    assert bad.stdout == ""  # the program never ran
+
+
+@pytest.mark.parametrize(
+    ("argv", "helper"),
+    [
+        (
+            ["py", "-B", "-c", "from multiprocessing.resource_tracker import main;main(3)"],
+            ("multiprocessing's resource tracker", False),
+        ),
+        (
+            ["py", "-c", "from multiprocessing.forkserver import main; main(3, 5)"],
+            ("multiprocessing's forkserver", True),
+        ),
+        (["py", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"], None),
+        (["py", "app.py", "-c", "from multiprocessing.forkserver import main"], None),
+        (["py", "-X", "dev", "-Wignore", "-c", "from multiprocessing.forkserver import main"],
+         ("multiprocessing's forkserver", True)),
+        (["py", "-c"], None),
+        ([], None),
+    ],
+)
+def test_helper_process_is_told_by_its_command(
+    argv: list[str], helper: tuple[str, bool] | None
+) -> None:
+    assert autostart.helper_process(argv) == helper
+
+
+def test_helper_process_rejects_bad_argv() -> None:
+    with pytest.raises(TypeError, match="sequence"):
+        autostart.helper_process("python -c x")
+    with pytest.raises(TypeError, match="argv item"):
+        autostart.helper_process(["python", 3])  # type: ignore[list-item]
+
+
+def test_multiprocessing_helpers_start_no_trimmer_but_the_forkserver_children_do(
+    tmp_path: Path,
+) -> None:
+    """MEMRECLAIM=1 with the forkserver method: the resource tracker and the forkserver say
+    they start none; the process the forkserver forks for the pool runs its own."""
+    env = {"MEMRECLAIM": "1", "MEMRECLAIM_LOG": "info"}
+    out, err = run_child_of("forkserver", tmp_path, env)
+    assert out["parent"]["running"] and out["child"]["running"], err
+    assert err.count("multiprocessing's resource tracker: it holds no user data") == 1, err
+    assert err.count("multiprocessing's forkserver: it holds no user data") == 1, err
+    assert err.count("trimmer started in forked process") == 1, err
+    assert err.count("trimmer started by MEMRECLAIM=1") == 1, err  # the parent only

@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run a Python program with a periodic trimmer, report at exit",
-        usage="memreclaim run [--interval S] [--slack SIZE] [--min-interval S]"
+        usage="memreclaim run [--interval S] [--slack SIZE] [--min-interval S] [--limit SIZE]"
         " (-m MODULE | [--] SCRIPT) [ARGS...]",
     )
     run.add_argument(
@@ -179,6 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds_arg,
         default=None,
         help=f"seconds between two trims at least (default: the pacing policy's, {min_interval:g})",
+    )
+    run.add_argument(
+        "--limit",
+        default="auto",
+        metavar="SIZE",
+        help="the soft limit the trimmer works harder near, e.g. 700MiB; auto (default): the"
+        " cgroup's, where there is one; none: no limit (also MEMRECLAIM_LIMIT)",
     )
     run.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="ARGS")
@@ -202,7 +209,7 @@ def _split_run(argv: list[str]) -> tuple[list[str], list[str]]:
             return argv[: i + 2], argv[i + 2 :]
         if token.startswith("-m") and not token.startswith("--"):  # -mmodule, like python
             return argv[: i + 1], argv[i + 1 :]
-        if token in ("--interval", "--slack", "--min-interval"):
+        if token in ("--interval", "--slack", "--min-interval", "--limit"):
             i += 2
         elif token.startswith("-"):
             i += 1  # --interval=S, -h, or a mistake that argparse will report

@@ -76,6 +76,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             slack=args.slack,
             min_interval=args.min_interval,
             log=os.environ.get(autostart.ENV_LOG, "").strip().lower() or None,
+            limit=autostart.parse_limit("--limit", args.limit),
         )
         if args.min_interval is not None:  # e.g. a min interval past the back-off cap
             PacingPolicy(min_interval=args.min_interval)

@@ -6,9 +6,14 @@
   middleware, running a :class:`~memreclaim.watchdog.Watchdog` for the app's lifetime.
 - :mod:`memreclaim.integrations.celery`: ``worker_process_init`` / ``task_postrun`` /
   ``worker_process_shutdown`` signal handlers.
+- :mod:`memreclaim.integrations.dask`: a Dask ``WorkerPlugin`` and preload (``dask_setup``)
+  running one trimmer per worker, under the worker's own memory limit and thresholds.
+- :mod:`memreclaim.integrations.ray`: Ray's ``worker_process_setup_hook``, a trimmer in each of
+  the job's worker processes.
 
-None of these modules imports its server at import time; they use memreclaim's policy layer
-only.
+None of these modules imports its server at import time (but ``dask``, which subclasses
+``distributed.WorkerPlugin``: it is imported only by whoever names it); they use memreclaim's
+policy layer only.
 """
 
 from __future__ import annotations

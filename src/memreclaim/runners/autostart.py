@@ -43,6 +43,9 @@ Variables (read once, when the process starts; a forked child keeps its parent's
                             ``max(8 MiB, level / 8)``, as the hooks use)
 ``MEMRECLAIM_MIN_INTERVAL`` seconds between two trims at least (``run --min-interval``; default:
                             the pacing policy's)
+``MEMRECLAIM_LIMIT``        the soft limit the trimmer works harder near, a size such as ``700MiB``
+                            (``run --limit``); ``auto`` or unset: the cgroup's, where there is
+                            one; ``none``: no limit (see :class:`~memreclaim.policy.PacingPolicy`)
 ``MEMRECLAIM_LOG``          ``info`` or ``debug`` (also ``warning``): add a stderr handler at that
                             level to the ``memreclaim`` logger, once per process (a forked child
                             keeps its parent's); unset or empty: leave logging alone
@@ -50,6 +53,12 @@ Variables (read once, when the process starts; a forked child keeps its parent's
 
 A bad option value is said once per process, as a RuntimeWarning naming the variable, and no
 trimmer starts in that process (a half-configured trimmer would be a surprise).
+
+Helper processes that hold no user data start no trimmer: multiprocessing's resource tracker
+(nothing), and its forkserver, which only follows forks (the processes it forks for the pool
+start theirs). They are told by the command multiprocessing starts them with
+(``sys.orig_argv``: ``-c "from multiprocessing.resource_tracker import main..."``); the
+``memreclaim`` logger says which (INFO), as it says where a trimmer started.
 """
 
 from __future__ import annotations
@@ -58,7 +67,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import _validate
@@ -69,6 +78,7 @@ from .thread import BackgroundTrimmer
 __all__ = [
     "ENV",
     "ENV_INTERVAL",
+    "ENV_LIMIT",
     "ENV_LOG",
     "ENV_MIN_INTERVAL",
     "ENV_SLACK",
@@ -77,6 +87,8 @@ __all__ = [
     "current",
     "deactivate",
     "from_environment",
+    "helper_process",
+    "parse_limit",
     "settings_from_environment",
 ]
 
@@ -85,6 +97,7 @@ ENV_INTERVAL = "MEMRECLAIM_INTERVAL"
 ENV_SLACK = "MEMRECLAIM_SLACK"
 ENV_MIN_INTERVAL = "MEMRECLAIM_MIN_INTERVAL"
 ENV_LOG = "MEMRECLAIM_LOG"
+ENV_LIMIT = "MEMRECLAIM_LIMIT"
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 _ON = ("1", "on", "true", "yes")
@@ -93,6 +106,14 @@ _OFF = ("", "0", "off", "false", "no")
 DEFAULT_INTERVAL = 1.0
 
 RUNNER_NAME = "memreclaim-autostart"
+
+# The commands multiprocessing starts its helpers with (``python -c CMD``, 3.11-3.15): what each
+# holds, and whether it forks the processes that hold the user's data.
+_HELPERS = (
+    ("from multiprocessing.resource_tracker import", "multiprocessing's resource tracker", False),
+    ("from multiprocessing.semaphore_tracker import", "multiprocessing's semaphore tracker", False),
+    ("from multiprocessing.forkserver import", "multiprocessing's forkserver", True),
+)
 
 
 @dataclass(frozen=True)
@@ -112,6 +133,8 @@ class Settings:
     log: str | None = None
     """``"debug"``, ``"info"`` or ``"warning"``: a stderr handler at that level on the
     ``memreclaim`` logger; None: logging left alone."""
+    limit: int | str | None = "auto"
+    """The soft limit in bytes; ``"auto"``: the cgroup's, where there is one; None: no limit."""
 
     def __post_init__(self) -> None:
         _validate.seconds("interval", self.interval)
@@ -124,6 +147,8 @@ class Settings:
             if self.log not in _LEVELS:
                 choices = ", ".join(_LEVELS)
                 raise ValueError(f"log must be one of {choices} or None, got {self.log!r}")
+        if not (self.limit is None or (isinstance(self.limit, str) and self.limit == "auto")):
+            object.__setattr__(self, "limit", _validate.size("limit", self.limit))
 
     def environment(self) -> dict[str, str]:
         """These settings as the variables that give them to a spawned interpreter."""
@@ -131,13 +156,21 @@ class Settings:
         env[ENV_SLACK] = "" if self.slack is None else str(self.slack)
         env[ENV_MIN_INTERVAL] = "" if self.min_interval is None else repr(self.min_interval)
         env[ENV_LOG] = self.log or ""
+        env[ENV_LIMIT] = "none" if self.limit is None else str(self.limit)
         return env
 
     def describe(self) -> str:
         """One line for logs: ``interval 1 s, slack the policy's, min interval 1 s``."""
         trimmer_min = "the policy's" if self.min_interval is None else f"{self.min_interval:g} s"
         slack = "the policy's" if self.slack is None else format_bytes(self.slack)
-        return f"interval {self.interval:g} s, slack {slack}, min interval {trimmer_min}"
+        if self.limit is None:
+            limit = "none"
+        else:
+            limit = "the cgroup's" if self.limit == "auto" else format_bytes(int(self.limit))
+        return (
+            f"interval {self.interval:g} s, slack {slack}, min interval {trimmer_min},"
+            f" limit {limit}"
+        )
 
 
 def _seconds_variable(name: str, text: str) -> float:
@@ -149,6 +182,37 @@ def _seconds_variable(name: str, text: str) -> float:
         return _validate.seconds(name, value)
     except ValueError as exc:
         raise ValueError(f"{name}={text!r}: {exc}") from None
+
+
+def helper_process(argv: Sequence[str] | None = None) -> tuple[str, bool] | None:
+    """(what, forks) when ``argv`` (default ``sys.orig_argv``) is a helper process that holds
+    no user data: multiprocessing's resource tracker (forks nothing) or forkserver (forks the
+    pool's processes); None for any other process.
+
+    Raises:
+        TypeError: ``argv`` is not a sequence of str.
+    """
+    if argv is None:
+        argv = getattr(sys, "orig_argv", None) or []
+    if isinstance(argv, str) or not isinstance(argv, Sequence):
+        raise TypeError(f"argv must be a sequence of str, not {type(argv).__name__}")
+    args = list(argv)
+    for arg in args:
+        _validate.instance("argv item", arg, str)
+    command = ""
+    rest = iter(args[1:])
+    for arg in rest:  # the interpreter's options, up to -c (a script's own -c does not count)
+        if arg == "-c":
+            command = next(rest, "")
+            break
+        if not arg.startswith("-"):
+            break  # a script
+        if arg in ("-X", "-W", "-Q"):
+            next(rest, None)  # an option with its value apart
+    for prefix, what, forks in _HELPERS:
+        if command.startswith(prefix):
+            return what, forks
+    return None
 
 
 def settings_from_environment(environ: Mapping[str, str] | None = None) -> Settings | None:
@@ -190,7 +254,28 @@ def settings_from_environment(environ: Mapping[str, str] | None = None) -> Setti
     log = environ.get(ENV_LOG, "").strip().lower() or None
     if log is not None and log not in _LEVELS:
         raise ValueError(f"{ENV_LOG}={environ[ENV_LOG]!r} is not one of {', '.join(_LEVELS)}")
-    return Settings(interval=interval, slack=slack, min_interval=min_interval, log=log)
+    limit = parse_limit(ENV_LIMIT, environ.get(ENV_LIMIT, ""))
+    return Settings(interval=interval, slack=slack, min_interval=min_interval, log=log, limit=limit)
+
+
+def parse_limit(name: str, text: str) -> int | str | None:
+    """A soft limit as ``MEMRECLAIM_LIMIT`` and ``run --limit`` spell it: a size (``700MiB``),
+    ``auto`` or empty (the cgroup's), ``none`` (no limit).
+
+    Raises:
+        TypeError: ``text`` is not a str.
+        ValueError: anything else, naming ``name`` and the value.
+    """
+    _validate.instance(name, text, str)
+    word = text.strip().lower()
+    if word in ("", "auto"):
+        return "auto"
+    if word == "none":
+        return None
+    try:
+        return _validate.size(name, text.strip())
+    except ValueError as exc:
+        raise ValueError(f"{name}={text!r}: {exc} (or auto, or none)") from None
 
 
 # ---- the one activation of this process -----------------------------------------------------
@@ -200,6 +285,7 @@ _runner: BackgroundTrimmer | None = None
 _pid: int | None = None  # the process _runner was started in
 _fork_handler_registered = False
 _handler: logging.Handler | None = None  # the MEMRECLAIM_LOG handler (inherited by forks)
+_helper_pid: int | None = None  # the helper process already said it starts no trimmer
 
 
 def _set_up_logging(level: str | None) -> None:
@@ -221,6 +307,7 @@ def _new_runner(settings: Settings) -> BackgroundTrimmer:
         interval=settings.interval,
         slack=settings.slack,
         min_interval=settings.min_interval,
+        limit=settings.limit,
         name=RUNNER_NAME,
     )
 
@@ -264,7 +351,7 @@ def activate(settings: Settings | None = None, *, export: bool = False) -> Backg
         TypeError: ``settings`` is not a :class:`Settings` or None, or ``export`` not a bool.
         RuntimeError: the trimmer thread cannot start (e.g. at interpreter shutdown).
     """
-    global _settings, _runner, _pid, _fork_handler_registered
+    global _runner, _pid
     if settings is None:
         settings = Settings()
     _validate.instance("settings", settings, Settings)
@@ -273,13 +360,43 @@ def activate(settings: Settings | None = None, *, export: bool = False) -> Backg
     _set_up_logging(settings.log)
     runner = _new_runner(settings)
     runner.start()
-    _settings, _runner, _pid = settings, runner, os.getpid()
-    if not _fork_handler_registered:
-        os.register_at_fork(after_in_child=_after_fork_in_child)
-        _fork_handler_registered = True
+    _follow_forks(settings)
+    _runner, _pid = runner, os.getpid()
     if export:
         os.environ.update(settings.environment())
     return runner
+
+
+def _follow_forks(settings: Settings) -> None:
+    """Start a trimmer in every process this one forks from now on (not in this one)."""
+    global _settings, _fork_handler_registered
+    _settings = settings
+    if not _fork_handler_registered:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_handler_registered = True
+
+
+def _skip_helper(settings: Settings) -> bool:
+    """In a helper process of multiprocessing's (:func:`helper_process`): start no trimmer here,
+    follow forks where it forks the pool's processes, say so once (INFO); True. Else False."""
+    helper = helper_process()
+    if helper is None:
+        return False
+    global _helper_pid
+    what, forks = helper
+    if _helper_pid == os.getpid():  # site runs a venv's .pth files twice
+        return True
+    _helper_pid = os.getpid()
+    _set_up_logging(settings.log)
+    if forks:
+        _follow_forks(settings)
+    logger.info(
+        "memreclaim: no trimmer in process %d, %s: it holds no user data%s",
+        os.getpid(),
+        what,
+        " (the processes it forks start theirs)" if forks else "",
+    )
+    return True
 
 
 def deactivate(timeout: float | None = 5.0) -> bool:
@@ -326,7 +443,7 @@ def from_environment() -> BackgroundTrimmer | None:
     except ValueError as exc:
         warnings.warn(f"memreclaim: {exc}: no trimmer started", RuntimeWarning, stacklevel=2)
         return None
-    if settings is None:
+    if settings is None or _skip_helper(settings):
         return None
     active = current()
     if active is not None and _settings == settings:  # site runs a venv's .pth files twice
