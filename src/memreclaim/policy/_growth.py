@@ -9,7 +9,10 @@
   (a rise of more than ``slack`` since the last trim triggers one), tracemalloc's traced bytes
   fall, and a drop ``d`` of the in-use bytes below their after-trim value unpins, pro rata, up
   to ``d + excess * d / in_use_after`` (the *pinned excess*: RSS after the trim minus the in-use
-  bytes minus the *baseline*, the lowest ``rss - in_use`` seen).
+  bytes minus the *baseline*, the lowest ``rss - in_use`` seen). In-use bytes that fell while
+  the trim ran (another thread freed: a Dask worker dropping its results) count from the
+  figure of the reading that decided the trim, not the lower one after it: the trim may have
+  passed those pages before they were free, and nothing later would show them.
 - **Unaccounted memory.** Resident memory that neither the allocators' mapped bytes nor the
   baseline account for, grown by more than half of ``slack`` since the last trim to more than
   ``slack``, is a trigger (a library pool freed what it held after the trim).
@@ -125,6 +128,7 @@ class TriggerState:
     excess: int | None = None
     unexplained: int | None = None
     released_last: int = 0
+    in_use_read: int | None = None
 
 
 class GrowthTrigger:
@@ -141,6 +145,7 @@ class GrowthTrigger:
     def observe(self, reading: Reading) -> None:
         """The lowest free bytes since the last trim are the mark later frees count from."""
         state = self.state
+        state.in_use_read = reading.in_use  # the last reading's: the one that decides a trim
         if reading.free is not None:
             state.last_free_read = reading.now
             if state.free_mark is None or reading.free < state.free_mark:
@@ -213,13 +218,18 @@ class GrowthTrigger:
         return explained >= self.release_fraction * grown
 
     def learn(self, outcome: TrimOutcome) -> None:
-        """A trim ended: its free bytes are the new mark; its figures size what it left."""
+        """A trim ended: its free bytes are the new mark; its figures size what it left. A fall
+        of the in-use bytes between the reading that decided the trim and its end (frees while
+        it ran, which it may have missed) stays a drop to trigger on."""
         state = self.state
         state.free_mark = outcome.free
         if outcome.free is not None:
             state.last_free_read = outcome.now
         state.released_last = max(0, outcome.released)
+        before, state.in_use_read = state.in_use_read, None
         state.in_use_after = outcome.in_use
+        if before is not None and outcome.in_use is not None and before > outcome.in_use:
+            state.in_use_after = before
         state.vsize_after = outcome.vsize
         if outcome.in_use is not None:
             outside = outcome.rss_after - outcome.in_use
