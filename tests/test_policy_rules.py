@@ -138,7 +138,7 @@ def test_frees_while_a_trim_runs_still_trigger_the_next() -> None:
     """A Dask worker's trace (issue 31's flake): the results were dropped (in use 39 -> 14 MiB)
     while the trim ran; its figures after already counted them free, so neither the free
     bytes nor the in-use bytes rose or fell after it, and 41 MiB the trim had passed stayed
-    resident for good. The drop counts from the reading that decided the trim."""
+    resident for good. The drop counts from the in-use bytes when the trim started."""
     policy = PacingPolicy(slack="16 MiB", limit=None)
     policy.reset(0.0, 66 * MiB, in_use=13 * MiB)  # baseline 53 MiB
     decided = Reading(8.6, 210 * MiB, free=565 * MiB, in_use=39 * MiB, mapped=605 * MiB)
@@ -151,6 +151,7 @@ def test_frees_while_a_trim_runs_still_trigger_the_next() -> None:
         free=590 * MiB,
         in_use=14 * MiB,
         mapped=605 * MiB,
+        in_use_before=39 * MiB,
     )
     policy.record_trim(after)
     assert policy.excess == 69 * MiB  # 136 - 14 in use - 53 baseline
@@ -228,6 +229,8 @@ def test_readings_and_outcomes_are_checked_when_made() -> None:
         Reading(1.0, 100, settled=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="seconds"):
         TrimOutcome(1.0, growth=0, released=0, rss_after=0, seconds=-1.0)
+    with pytest.raises(ValueError, match="in_use_before"):
+        TrimOutcome(1.0, growth=0, released=0, rss_after=0, in_use_before=-1)
     with pytest.raises(TypeError, match="unreached"):
         TrimOutcome(1.0, growth=0, released=0, rss_after=0, unreached=1)  # type: ignore[arg-type]
 

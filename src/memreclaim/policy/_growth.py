@@ -10,9 +10,9 @@
   fall, and a drop ``d`` of the in-use bytes below their after-trim value unpins, pro rata, up
   to ``d + excess * d / in_use_after`` (the *pinned excess*: RSS after the trim minus the in-use
   bytes minus the *baseline*, the lowest ``rss - in_use`` seen). In-use bytes that fell while
-  the trim ran (another thread freed: a Dask worker dropping its results) count from the
-  figure of the reading that decided the trim, not the lower one after it: the trim may have
-  passed those pages before they were free, and nothing later would show them.
+  the trim ran (another thread freed: a Dask worker dropping its results) count from their
+  figure when it started (``TrimOutcome.in_use_before``), not the lower one after it: the trim
+  may have passed those pages before they were free, and nothing later would show them.
 - **Unaccounted memory.** Resident memory that neither the allocators' mapped bytes nor the
   baseline account for, grown by more than half of ``slack`` since the last trim to more than
   ``slack``, is a trigger (a library pool freed what it held after the trim).
@@ -128,7 +128,6 @@ class TriggerState:
     excess: int | None = None
     unexplained: int | None = None
     released_last: int = 0
-    in_use_read: int | None = None
 
 
 class GrowthTrigger:
@@ -145,7 +144,6 @@ class GrowthTrigger:
     def observe(self, reading: Reading) -> None:
         """The lowest free bytes since the last trim are the mark later frees count from."""
         state = self.state
-        state.in_use_read = reading.in_use  # the last reading's: the one that decides a trim
         if reading.free is not None:
             state.last_free_read = reading.now
             if state.free_mark is None or reading.free < state.free_mark:
@@ -226,7 +224,7 @@ class GrowthTrigger:
         if outcome.free is not None:
             state.last_free_read = outcome.now
         state.released_last = max(0, outcome.released)
-        before, state.in_use_read = state.in_use_read, None
+        before = outcome.in_use_before
         state.in_use_after = outcome.in_use
         if before is not None and outcome.in_use is not None and before > outcome.in_use:
             state.in_use_after = before
