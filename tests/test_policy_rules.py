@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -151,26 +152,15 @@ def test_frees_while_a_trim_runs_still_trigger_the_next() -> None:
         free=590 * MiB,
         in_use=14 * MiB,
         mapped=605 * MiB,
-        in_use_before=39 * MiB,
     )
-    policy.record_trim(after)
+    policy.record_trim(replace(after, in_use_before=39 * MiB))
     assert policy.excess == 69 * MiB  # 136 - 14 in use - 53 baseline
     later = Reading(9.7, 136 * MiB, free=590 * MiB, in_use=14 * MiB, mapped=605 * MiB)
     assert policy.wants_free(9.7, later.rss)
     assert policy.decide(later) == "trim"
     assert "in use fell 25.0 MiB" in policy.reason
     # a trim whose in-use bytes did not fall while it ran leaves no such drop
-    policy.record_trim(
-        TrimOutcome(
-            9.8,
-            growth=0,
-            released=41 * MiB,
-            rss_after=95 * MiB,
-            free=590 * MiB,
-            in_use=14 * MiB,
-            mapped=605 * MiB,
-        )
-    )
+    policy.record_trim(replace(after, now=9.8, released=41 * MiB, rss_after=95 * MiB))
     steady = Reading(11.0, 95 * MiB, free=590 * MiB, in_use=14 * MiB, mapped=605 * MiB)
     assert policy.decide(steady) == "below-slack"
 
