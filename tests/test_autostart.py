@@ -60,7 +60,9 @@ def state():
 
 def test_the_hook_is_installed_beside_the_package() -> None:
     """The build puts the start-up hook at the top of site-packages (wheel and editable)."""
-    found = [Path(entry) / HOOK for entry in {*sys.path, sysconfig.get_path("purelib")} if entry]
+    found = [
+        Path(entry) / HOOK for entry in {*sys.path, sysconfig.get_path("purelib")} if entry
+    ]
     installed = [path for path in found if path.is_file()]
     assert installed, f"{HOOK} not found in {sorted({str(p.parent) for p in found})}"
     source = ROOT / "src" / HOOK
@@ -93,9 +95,7 @@ def test_memreclaim_1_starts_a_trimmer_with_the_options() -> None:
 
 
 def test_a_forked_child_gets_its_own_trimmer() -> None:
-    code = (
-        STATE
-        + """
+    code = STATE + """
 r, w = os.pipe()
 parent_runner = autostart.current()
 pid = os.fork()
@@ -109,7 +109,6 @@ child = json.loads(os.read(r, 100000))
 os.waitpid(pid, 0)
 print(json.dumps({"parent": state(), "child": child}))
 """
-    )
     out, err = python(code, {"MEMRECLAIM": "1"})
     assert out["parent"]["running"] and out["child"]["running"], err
     assert out["child"]["pid"] != out["parent"]["pid"]
@@ -120,9 +119,7 @@ print(json.dumps({"parent": state(), "child": child}))
 def run_child_of(method: str, tmp_path: Path, env: dict[str, str]) -> tuple[dict, str]:
     """A script whose multiprocessing child (``method``) reports whether its trimmer runs."""
     script = tmp_path / f"{method}.py"  # spawn pickles the target by name: a file, not -c
-    script.write_text(
-        STATE
-        + f"""
+    script.write_text(STATE + f"""
 import multiprocessing as mp
 def probe(queue):
     from memreclaim.runners import autostart
@@ -136,8 +133,7 @@ if __name__ == "__main__":
     child = queue.get(timeout=60)
     proc.join(60)
     print(json.dumps({{"child": child, "parent": state()}}))
-"""
-    )
+""")
     return python(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", env)
 
 
@@ -328,10 +324,8 @@ def test_run_limit_option(tmp_path: Path) -> None:
         ),
         (["py", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"], None),
         (["py", "app.py", "-c", "from multiprocessing.forkserver import main"], None),
-        (
-            ["py", "-X", "dev", "-Wignore", "-c", "from multiprocessing.forkserver import main"],
-            ("multiprocessing's forkserver", True),
-        ),
+        (["py", "-X", "dev", "-Wignore", "-c", "from multiprocessing.forkserver import main"],
+         ("multiprocessing's forkserver", True)),
         (["py", "-c"], None),
         ([], None),
     ],

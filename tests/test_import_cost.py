@@ -63,3 +63,5 @@ def test_submodules_once_imported_eagerly_are_still_attributes(
 def test_unknown_attribute_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         memreclaim.no_such_name  # noqa: B018
+
+

@@ -76,6 +76,8 @@ def children(pid: int) -> list[int]:
     return sorted(found)
 
 
+
+
 def wait_for_workers(master: int, count: int, log: Path) -> list[int]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -145,12 +147,8 @@ def reachable_bound(reachable: int) -> float:
 
 
 def check_levels(
-    what: str,
-    pids: list[int],
-    base: dict[int, int],
-    peaks: dict[int, int],
-    end: dict[int, int],
-    reachable: dict[int, int],
+    what: str, pids: list[int], base: dict[int, int], peaks: dict[int, int],
+    end: dict[int, int], reachable: dict[int, int],
 ) -> str:
     figures = "; ".join(
         f"{pid}: base {base[pid] >> 20}, peak {peaks[pid] >> 20}, end {end[pid] >> 20},"
