@@ -139,7 +139,10 @@ with bench_dask._cluster("plugin", "1GiB") as cluster, Client(cluster) as client
     text = urllib.request.urlopen(f"http://127.0.0.1:{{port}}/metrics", timeout=30).read().decode()
     print("RESULT " + json.dumps({{
         "fresh": fresh, "threads": names,
-        "metrics": {{a: w["metrics"] for a, w in info.items()}},
+        # only ours: Dask's own metrics may have tuple keys (task digests), which JSON refuses
+        "metrics": {{a: {{k: v for k, v in w["metrics"].items()
+                         if isinstance(k, str) and k.startswith("memreclaim_")}}
+                     for a, w in info.items()}},
         "prometheus": [l for l in text.splitlines() if l.startswith("memreclaim_")],
     }}, default=str))
 """
