@@ -45,6 +45,8 @@ LIMITS = ("700MiB", "1.5GiB")
 TASKS = 16
 COUNT = 110_000
 SETTLE = 10.0
+QUIET_TICKS = 5
+"""A trimmer is quiet when it ticked this many times since its last trim (``settle_deadline``)."""
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -66,16 +68,23 @@ def trim_memory() -> int:
     return int(libc.malloc_trim(0))
 
 
+def _trimmer(dask_worker: Any) -> Any:
+    """The worker's trimmer: the plugin's (plugin, preload) or the MEMRECLAIM=1 one; or None."""
+    plugin = getattr(dask_worker, "plugins", {}).get("memreclaim")
+    if plugin is not None and getattr(plugin, "trimmer", None) is not None:
+        return plugin.trimmer
+    if "memreclaim.runners.autostart" in sys.modules:
+        return sys.modules["memreclaim.runners.autostart"].current()
+    return None
+
+
 def worker_figures(dask_worker: Any) -> dict[str, Any]:
-    """In a worker (``client.run``): RSS, managed bytes, peak, the trimmer's trims, its pid."""
+    """In a worker (``client.run``): RSS, managed bytes, peak, the trimmer's trims, ticks and
+    level, its pid."""
     import memreclaim
 
-    metrics = dask_worker.metrics
-    trims = metrics["memreclaim_trims"](dask_worker) if "memreclaim_trims" in metrics else None
-    autostarted = None
-    if "memreclaim.runners.autostart" in sys.modules:
-        runner = sys.modules["memreclaim.runners.autostart"].current()
-        autostarted = None if runner is None else runner.counters.trims
+    trimmer = _trimmer(dask_worker)
+    counters = None if trimmer is None else trimmer.counters
     with open("/proc/self/status") as status:
         peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
     return {
@@ -83,7 +92,10 @@ def worker_figures(dask_worker: Any) -> dict[str, Any]:
         "rss": memreclaim.rss(),
         "managed": int(dask_worker.state.nbytes),
         "peak": peak,
-        "trims": trims if trims is not None else autostarted,
+        "trims": None if counters is None else counters.trims,
+        "ticks": None if counters is None else counters.ticks,
+        "level": None if counters is None else counters.level,
+        "floor": None if counters is None else counters.floor,
     }
 
 
@@ -136,13 +148,21 @@ def run_once(
     tasks: int = TASKS,
     count: int = COUNT,
     settle: float = SETTLE,
+    settle_deadline: float | None = None,
 ) -> dict[str, Any]:
-    """One run of the workload under ``route`` at ``limit`` per worker; its figures."""
+    """One run of the workload under ``route`` at ``limit`` per worker; its figures.
+
+    ``rss_later`` is RSS ``settle`` seconds after the work (the benchmark's figure). With
+    ``settle_deadline`` (the tests'), the run then also waits, up to that many seconds, until
+    every trimmer is quiet (:data:`QUIET_TICKS` ticks with no trim) and reports RSS then as
+    ``rss_settled``, ``quiet`` and the trimmer's figures, before the explicit trim: a bound on
+    ticks, not on time, so a loaded machine only makes it slower.
+    """
     if route not in ROUTES:
         raise ValueError(f"route must be one of {', '.join(ROUTES)}, not {route!r}")
     environ = dict(os.environ)
     try:
-        return _run(route, limit, deadline, tasks, count, settle)
+        return _run(route, limit, deadline, tasks, count, settle, settle_deadline)
     finally:
         # A LocalCluster's nannies write pre-spawn-environ into this process's own os.environ
         # (distributed 2026.8) and leave it there: MEMRECLAIM=1 would reach the next runs.
@@ -150,8 +170,34 @@ def run_once(
         os.environ.update(environ)
 
 
+def _quiet(client: Any, seconds: float) -> tuple[dict[str, Any], bool]:
+    """Poll the workers until each trimmer ticked :data:`QUIET_TICKS` times with no trim (a
+    worker without one is quiet), at most ``seconds``; (the last figures, all quiet)."""
+    end = time.monotonic() + seconds
+    since: dict[str, tuple[Any, Any]] = {}  # per worker: (trims, ticks) when trims last changed
+    while True:
+        figures = client.run(worker_figures)
+        quiet = True
+        for address, figure in figures.items():
+            trims, ticks = figure["trims"], figure["ticks"]
+            if ticks is None:
+                continue
+            if address not in since or since[address][0] != trims:
+                since[address] = (trims, ticks)
+            quiet = quiet and ticks - since[address][1] >= QUIET_TICKS
+        if quiet or time.monotonic() >= end:
+            return figures, quiet
+        time.sleep(0.25)
+
+
 def _run(
-    route: str, limit: str, deadline: float, tasks: int, count: int, settle: float
+    route: str,
+    limit: str,
+    deadline: float,
+    tasks: int,
+    count: int,
+    settle: float,
+    settle_deadline: float | None = None,
 ) -> dict[str, Any]:
     from distributed import Client
 
@@ -186,6 +232,9 @@ def _run(
             _sample(client, seen)
             time.sleep(0.25)
         later = client.run(worker_figures)
+        settled, quiet = (
+            (later, None) if settle_deadline is None else _quiet(client, settle_deadline)
+        )
         trimmed = client.run(explicit_trim)
         logs = client.get_worker_logs()
         metrics = {
@@ -196,11 +245,16 @@ def _run(
     workers = []
     for address, figures in later.items():
         first = after.get(address, figures)
+        last = settled.get(address, figures)
         lines = [line for _, line in logs.get(address, [])]
         workers.append(
             {
                 "rss_after": first["rss"],
+                "address": address,
                 "rss_later": figures["rss"],
+                "rss_settled": last["rss"],
+                "quiet": quiet,
+                "trimmer": {key: last[key] for key in ("trims", "ticks", "level", "floor")},
                 "unmanaged_later": figures["rss"] - figures["managed"],
                 "explicit": trimmed.get(address, figures["rss"]),
                 "peak": figures["peak"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,36 @@ def test_growth_trigger_sees_frees_that_rss_cannot_show() -> None:
     )
 
 
+def test_frees_while_a_trim_runs_still_trigger_the_next() -> None:
+    """A Dask worker's trace (issue 31's flake): the results were dropped (in use 39 -> 14 MiB)
+    while the trim ran; its figures after already counted them free, so neither the free
+    bytes nor the in-use bytes rose or fell after it, and 41 MiB the trim had passed stayed
+    resident for good. The drop counts from the in-use bytes when the trim started."""
+    policy = PacingPolicy(slack="16 MiB", limit=None)
+    policy.reset(0.0, 66 * MiB, in_use=13 * MiB)  # baseline 53 MiB
+    decided = Reading(8.6, 210 * MiB, free=565 * MiB, in_use=39 * MiB, mapped=605 * MiB)
+    policy.decide(decided)
+    after = TrimOutcome(
+        8.7,
+        growth=0,
+        released=74 * MiB,
+        rss_after=136 * MiB,
+        free=590 * MiB,
+        in_use=14 * MiB,
+        mapped=605 * MiB,
+    )
+    policy.record_trim(replace(after, in_use_before=39 * MiB))
+    assert policy.excess == 69 * MiB  # 136 - 14 in use - 53 baseline
+    later = Reading(9.7, 136 * MiB, free=590 * MiB, in_use=14 * MiB, mapped=605 * MiB)
+    assert policy.wants_free(9.7, later.rss)
+    assert policy.decide(later) == "trim"
+    assert "in use fell 25.0 MiB" in policy.reason
+    # a trim whose in-use bytes did not fall while it ran leaves no such drop
+    policy.record_trim(replace(after, now=9.8, released=41 * MiB, rss_after=95 * MiB))
+    steady = Reading(11.0, 95 * MiB, free=590 * MiB, in_use=14 * MiB, mapped=605 * MiB)
+    assert policy.decide(steady) == "below-slack"
+
+
 def test_growth_trigger_tells_regrowth_from_allocation() -> None:
     trigger = GrowthTrigger(release_fraction=0.25)
     trigger.start(200 * MiB, in_use=100 * MiB)
@@ -188,6 +219,8 @@ def test_readings_and_outcomes_are_checked_when_made() -> None:
         Reading(1.0, 100, settled=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="seconds"):
         TrimOutcome(1.0, growth=0, released=0, rss_after=0, seconds=-1.0)
+    with pytest.raises(ValueError, match="in_use_before"):
+        TrimOutcome(1.0, growth=0, released=0, rss_after=0, in_use_before=-1)
     with pytest.raises(TypeError, match="unreached"):
         TrimOutcome(1.0, growth=0, released=0, rss_after=0, unreached=1)  # type: ignore[arg-type]
 

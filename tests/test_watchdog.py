@@ -22,6 +22,7 @@ import pytest
 
 import memreclaim
 from memreclaim import BackgroundTrimmer, Counters, PacingPolicy, TrimEvent, Watchdog
+from memreclaim.policy import TrimOutcome
 
 MiB = 2**20
 
@@ -630,6 +631,29 @@ def test_trimmer_tick_from_a_hook() -> None:
     event = trimmer.tick()  # no request in flight: the burst is over, trim now
     assert event is not None and event.gate == "hook" and event.growth > 8 * MiB
     assert trimmer.counters.trims == 1
+    del blob
+
+
+@glibc_only
+def test_a_trim_tells_the_policy_the_in_use_bytes_it_started_with() -> None:
+    """Frees by other threads while a trim runs (a Dask worker dropping its results) are told
+    from the in-use bytes at its start: read before the trim when the deciding tick had none
+    (the first trim of a burst: level and floor alike, no figures asked)."""
+    trimmer = BackgroundTrimmer(slack="8 MiB", min_interval=0.001, limit=None)
+    outcomes: list[TrimOutcome] = []
+    record = trimmer.policy.record_trim
+
+    def spy(outcome: TrimOutcome) -> bool:
+        outcomes.append(outcome)
+        return record(outcome)
+
+    trimmer.policy.record_trim = spy  # type: ignore[method-assign]
+    assert trimmer.tick() is None  # sets the floor
+    blob = [bytes(1000) for _ in range(40_000)]  # ~40 MiB in use when the trim starts
+    assert trimmer.tick(settled=True) is not None
+    assert len(outcomes) == 1 and outcomes[0].in_use is not None
+    before = outcomes[0].in_use_before
+    assert before is not None and before >= 30 * MiB, outcomes
     del blob
 
 

@@ -9,7 +9,10 @@
   (a rise of more than ``slack`` since the last trim triggers one), tracemalloc's traced bytes
   fall, and a drop ``d`` of the in-use bytes below their after-trim value unpins, pro rata, up
   to ``d + excess * d / in_use_after`` (the *pinned excess*: RSS after the trim minus the in-use
-  bytes minus the *baseline*, the lowest ``rss - in_use`` seen).
+  bytes minus the *baseline*, the lowest ``rss - in_use`` seen). In-use bytes that fell while
+  the trim ran (another thread freed: a Dask worker dropping its results) count from their
+  figure when it started (``TrimOutcome.in_use_before``), not the lower one after it: the trim
+  may have passed those pages before they were free, and nothing later would show them.
 - **Unaccounted memory.** Resident memory that neither the allocators' mapped bytes nor the
   baseline account for, grown by more than half of ``slack`` since the last trim to more than
   ``slack``, is a trigger (a library pool freed what it held after the trim).
@@ -213,13 +216,18 @@ class GrowthTrigger:
         return explained >= self.release_fraction * grown
 
     def learn(self, outcome: TrimOutcome) -> None:
-        """A trim ended: its free bytes are the new mark; its figures size what it left."""
+        """A trim ended: its free bytes are the new mark; its figures size what it left. A fall
+        of the in-use bytes between the reading that decided the trim and its end (frees while
+        it ran, which it may have missed) stays a drop to trigger on."""
         state = self.state
         state.free_mark = outcome.free
         if outcome.free is not None:
             state.last_free_read = outcome.now
         state.released_last = max(0, outcome.released)
+        before = outcome.in_use_before
         state.in_use_after = outcome.in_use
+        if before is not None and outcome.in_use is not None and before > outcome.in_use:
+            state.in_use_after = before
         state.vsize_after = outcome.vsize
         if outcome.in_use is not None:
             outside = outcome.rss_after - outcome.in_use

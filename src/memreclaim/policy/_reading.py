@@ -100,10 +100,14 @@ class TrimOutcome:
     """The mapped address space after the trim (THP ``always`` only), or None."""
     unreached: bool = False
     """The trim could not act on or read a part of the process's memory."""
+    in_use_before: int | None = None
+    """The in-use bytes (as ``in_use``) when the trim started: the reading that decided it, or
+    read just before it. More than ``in_use``: memory freed while it ran (by another thread),
+    which it may have passed; the drop still counts as one after it. None: not known."""
 
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "seconds", _validate.seconds("seconds", self.seconds, allow_zero=True)
         )
-        _check_figures(self, ("in_use", "mapped", "vsize"))
+        _check_figures(self, ("in_use", "mapped", "vsize", "in_use_before"))
         _validate.flag("unreached", self.unreached)

@@ -310,6 +310,7 @@ class _Runner:
         self._counters = Counters()
         self._in_flight = 0
         self._requests_seen = False
+        self._in_use_decided: int | None = None
         self._wake_on = _wake_kinds(settings.wake_on)
         self._wakeups: Wakeups | None = None
 
@@ -371,7 +372,9 @@ class _Runner:
             wants_heap = self._policy.wants_free(now, current)
         heap = _heap() if wants_heap else None
         vsize = _regrowth_vsize() if heap is not None else None
+        in_use = _in_use(heap)
         with self._lock:
+            self._in_use_decided = in_use
             in_flight = self._in_flight if self._requests_seen else None
             decision = self._policy.decide(
                 Reading(
@@ -381,7 +384,7 @@ class _Runner:
                     free=None if heap is None else heap.free,
                     in_flight=in_flight,
                     settled=settled,
-                    in_use=_in_use(heap),
+                    in_use=in_use,
                     vsize=vsize,
                     mapped=_mapped(heap),
                 )
@@ -406,7 +409,11 @@ class _Runner:
         return decision, growth
 
     def _trim(self) -> TrimResult | None:
-        """One trim under the process-wide lock; None when another runner is trimming."""
+        """One trim under the process-wide lock; None when another runner is trimming. The
+        in-use bytes as it starts are the deciding tick's, or read now if it had none (frees
+        while it runs are told from them: :attr:`TrimOutcome.in_use_before`)."""
+        if self._in_use_decided is None:
+            self._in_use_decided = _in_use(_heap())
         if not _TRIM_LOCK.acquire(blocking=False):
             self._count(skipped_concurrent=1)
             return None
@@ -440,6 +447,7 @@ class _Runner:
                     mapped=mapped,
                     vsize=_regrowth_vsize() if heap is not None else None,
                     unreached=unreached,
+                    in_use_before=self._in_use_decided,
                 )
             )
             provisional = self._policy.provisional
