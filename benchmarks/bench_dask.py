@@ -285,9 +285,13 @@ def within(rss: int, explicit: int) -> bool:
     return rss <= max(1.15 * explicit, explicit + 16 * MiB)
 
 
-def ray_once(hook: bool, *, tasks: int = 8, count: int = COUNT) -> dict[str, Any]:
+def ray_once(
+    hook: bool, *, tasks: int = 8, count: int = COUNT, settle_deadline: float | None = None
+) -> dict[str, Any]:
     """Ray, 2 CPUs: ``tasks`` bursts, 10 s, then each of the 2 task workers' RSS against one
-    explicit trim in it; whether the driver runs a trimmer."""
+    explicit trim in it; whether the driver runs a trimmer. With ``settle_deadline`` (the
+    tests'), each worker also waits, up to that many seconds, until its trimmer is quiet
+    (:data:`QUIET_TICKS` ticks with no trim) and reports RSS then as ``rss_settled``."""
     import ray
 
     from memreclaim.runners import autostart
@@ -309,7 +313,7 @@ def ray_once(hook: bool, *, tasks: int = 8, count: int = COUNT) -> dict[str, Any
         read = ray.remote(_ray_read)
         # two tasks that overlap (each waits for the other) land in the two workers
         barrier = ray.remote(num_cpus=0)(_Barrier).remote()
-        figures = ray.get([read.remote(barrier) for _ in range(2)])
+        figures = ray.get([read.remote(barrier, settle_deadline) for _ in range(2)])
         driver = autostart.current() is not None
     finally:
         ray.shutdown()
@@ -339,7 +343,24 @@ class _Barrier:
         return self.arrived
 
 
-def _ray_read(barrier: Any) -> dict[str, Any]:
+def _quiet_here(runner: Any, seconds: float) -> bool:
+    """In a worker: wait until ``runner`` ticked :data:`QUIET_TICKS` times with no trim, at
+    most ``seconds``; True when it did (a worker without a runner is quiet)."""
+    if runner is None:
+        return True
+    end = time.monotonic() + seconds
+    trims, ticks = runner.counters.trims, runner.counters.ticks
+    while time.monotonic() < end:
+        counters = runner.counters
+        if counters.trims != trims:
+            trims, ticks = counters.trims, counters.ticks
+        elif counters.ticks - ticks >= QUIET_TICKS:
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def _ray_read(barrier: Any, settle_deadline: float | None = None) -> dict[str, Any]:
     import ray
 
     import memreclaim
@@ -349,15 +370,19 @@ def _ray_read(barrier: Any) -> dict[str, Any]:
     deadline = time.monotonic() + 30
     while ray.get(barrier.count.remote()) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)  # until both readers hold a worker each
-    before = memreclaim.rss()
-    memreclaim.trim()
     runner = autostart.current()
+    before = memreclaim.rss()
+    quiet = None if settle_deadline is None else _quiet_here(runner, settle_deadline)
+    settled = memreclaim.rss()
+    memreclaim.trim()
     with open("/proc/self/status") as status:
         peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
     return {
         "pid": os.getpid(),
         "peak": peak,
         "rss_later": before,
+        "rss_settled": settled,
+        "quiet": quiet,
         "explicit": memreclaim.rss(),
         "trimmer": runner is not None and runner.running,
         "trims": None if runner is None else runner.counters.trims,
