@@ -290,7 +290,7 @@ class Report:
         if self.arena_tops >= self.noise_floor and self.allocator == "glibc":
             tips["allocator_retention"] += (
                 " Thread-arena tops are given back by a trim made in the thread that owns the"
-                " arena, or bounded with memreclaim.set_arena_max()."
+                " arena, or bounded with memreclaim.glibc.set_arena_max()."
             )
         if self.pool_reclaimable is None and self.pymalloc_retention:
             tips["pymalloc_retention"] += (
