@@ -68,21 +68,34 @@ def drive(
         Reading(now, proc.rss, free=free, in_flight=in_flight, settled=settled)
     )
     if decision == "trim":
-        growth = policy.growth(proc.rss)
-        released = proc.trim()
-        productive = policy.record_trim(
-            TrimOutcome(
-                now,
-                growth=growth,
-                released=released,
-                rss_after=proc.rss,
-                seconds=0.01,
-                free=proc.free,
-            )
-        )
-        if trims is not None:
-            trims.append((now, productive))
+        record(policy, proc, now, proc.rss, trims)
     return decision
+
+
+def record(
+    policy: PacingPolicy,
+    proc: FakeProcess | HeapProcess,
+    now: float,
+    rss: int,
+    trims: list[tuple[float, bool]] | None,
+    **after: int | None,
+) -> None:
+    """Trim ``proc`` and record it as a runner does (``after``: the allocator's figures read
+    after the trim, besides ``free``); the outcome is appended to ``trims``."""
+    growth = policy.growth(rss)
+    released = proc.trim()
+    outcome = TrimOutcome(
+        now,
+        growth=growth,
+        released=released,
+        rss_after=proc.rss,
+        seconds=0.01,
+        free=proc.free,
+        **after,
+    )
+    productive = policy.record_trim(outcome)
+    if trims is not None:
+        trims.append((now, productive))
 
 
 def test_triggers_only_over_slack_and_learns_the_level() -> None:
@@ -546,23 +559,9 @@ def heap_tick(
         ),
     )
     if decision == "trim":
-        growth = policy.growth(rss)
-        released = proc.trim()
-        productive = policy.record_trim(
-            TrimOutcome(
-                now,
-                growth=growth,
-                released=released,
-                rss_after=proc.rss,
-                seconds=0.01,
-                free=proc.free,
-                in_use=proc.in_use if figures else None,
-                mapped=proc.mapped if figures else None,
-                vsize=proc.vsize if figures else None,
-            ),
-        )
-        if trims is not None:
-            trims.append((now, productive))
+        names = ("in_use", "mapped", "vsize")
+        after = {name: getattr(proc, name) if figures else None for name in names}
+        record(policy, proc, now, rss, trims, **after)
     return decision
 
 
