@@ -1,6 +1,6 @@
 """The core's readers of a process's /proc files (``_core.process_status``, ``process_rollup``,
-``process_heap_mapping``): the one place /proc memory figures are parsed (``inspect PID`` uses
-them). Figures are checked against the kernel's own files read here, and every failure mode."""
+``process_heap_mapping``, ``process_identity``): the one place /proc figures are parsed
+(``inspect PID`` and ``trim --pid`` use them). Figures are checked against the kernel's own files read here, and every failure mode."""
 
 from __future__ import annotations
 
@@ -160,19 +160,19 @@ def test_unreadable_files_are_permission_errors() -> None:
     ]
 
 
+BAD_PIDS = [
+    (0, ValueError),
+    (-1, ValueError),
+    (1 << 40, ValueError),
+    (True, TypeError),
+    ("1", TypeError),
+    (1.0, TypeError),
+    (None, TypeError),
+]
+
+
 @pytest.mark.parametrize("reader", READERS, ids=lambda r: r.__name__)
-@pytest.mark.parametrize(
-    ("pid", "error"),
-    [
-        (0, ValueError),
-        (-1, ValueError),
-        (1 << 40, ValueError),
-        (True, TypeError),
-        ("1", TypeError),
-        (1.0, TypeError),
-        (None, TypeError),
-    ],
-)
+@pytest.mark.parametrize(("pid", "error"), BAD_PIDS)
 def test_bad_pid(reader: object, pid: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="pid"):
         reader(pid)  # type: ignore[operator]
@@ -205,3 +205,63 @@ def test_readers_return_struct_sequences_whose_dicts_keep_the_old_keys() -> None
     assert st.name == Path("/proc/self/comm").read_text().strip()
     assert st.threads == len(os.listdir("/proc/self/task"))
     assert rollup.anonymous is not None and rollup.anonymous > 0
+
+
+# ---- process_identity: who a process is (the remote command's trust in a pid) ------------------
+
+
+def oracle_start_time(pid: int) -> int:
+    """Field 22 of /proc/PID/stat, read here: the fields after the last ')' (the command may
+    hold ')' and blanks)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text.rsplit(")", 1)[1].split()[19])
+
+
+def test_identity_of_self() -> None:
+    identity = _core.process_identity(os.getpid())
+    assert isinstance(identity, _core.ProcessIdentity) and isinstance(identity, tuple)
+    assert memreclaim.asdict(identity) == {
+        "uid": os.geteuid(),
+        "start_time": oracle_start_time(os.getpid()),
+    }
+
+
+def test_identity_of_a_child_whose_command_holds_parentheses_and_blanks() -> None:
+    # The command (stat's field 2) is whatever the process names itself: ") 1 2 (" must not shift
+    # the fields counted after it.
+    code = "open('/proc/self/comm', 'w').write(') 1 2 ) x (')\nprint('ready', flush=True)\n"
+    code += "import time\ntime.sleep(120)\n"
+    with ready_child(code) as proc:
+        assert Path(f"/proc/{proc.pid}/comm").read_text().strip() == ") 1 2 ) x ("
+        identity = _core.process_identity(proc.pid)
+        assert identity.start_time == oracle_start_time(proc.pid)
+        assert identity.start_time >= _core.process_identity(os.getpid()).start_time
+        assert identity.uid == os.geteuid()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a child another effective uid")
+def test_identity_is_the_effective_uid() -> None:
+    code = "import os\nos.setresuid(0, 65534, 0)\nprint('ready', flush=True)\n"
+    code += "import time\ntime.sleep(120)\n"
+    with ready_child(code) as proc:
+        uids = Path(f"/proc/{proc.pid}/status").read_text().split("Uid:")[1].split()[:4]
+        assert uids == ["0", "65534", "0", "65534"]  # real, effective, saved, filesystem
+        assert _core.process_identity(proc.pid).uid == 65534
+
+
+def test_identity_of_a_missing_process() -> None:
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())  # never handed out
+    with pytest.raises(ProcessLookupError) as info:
+        _core.process_identity(pid_max)
+    assert info.value.errno == errno.ESRCH
+    assert info.value.filename == f"/proc/{pid_max}"
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # reaped: its pid names no process (until reused, which takes pid_max forks)
+    with pytest.raises(ProcessLookupError):
+        _core.process_identity(proc.pid)
+
+
+@pytest.mark.parametrize(("pid", "error"), BAD_PIDS)
+def test_identity_bad_pid(pid: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="pid"):
+        _core.process_identity(pid)  # type: ignore[arg-type]

@@ -15,7 +15,6 @@ PATH = re.compile(r"^/?(proc|sys)(/|$)")
 ALLOWED = {"memlimits.py": "the one cgroup discovery"}
 KNOWN = {
     "runners/wakeups.py": "the system-wide PSI file (proc/pressure/memory), a wake-up source",
-    "remote.py": "another process's /proc/PID/stat and /proc/PID (its start time and owner)",
 }
 
 

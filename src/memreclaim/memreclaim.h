@@ -4,9 +4,9 @@
  *   pure C, no Python objects: raw numbers (bytes) and errno values, callable with the GIL
  *   released unless a declaration says otherwise
  *     procfs.c    every /proc and sysfs reader: /proc/self/statm through a kept descriptor
- *                 (fork-aware), /proc/PID/status, smaps_rollup, the lines and fields of maps (pid
- *                 0: self); the transparent-huge-page settings under
- *                 /sys/kernel/mm/transparent_hugepage
+ *                 (fork-aware), /proc/PID/status, smaps_rollup, who a process is (stat's
+ *                 start time, status's uid), the lines and fields of maps (pid 0: self); the
+ *                 transparent-huge-page settings under /sys/kernel/mm/transparent_hugepage
  *     thp.c       which maps ranges are the allocators' heaps; marks them MADV_NOHUGEPAGE after a
  *                 trim (THP=always)
  *     detect.c    which loaded object serves malloc, and the one symbol rule (mr_alloc_symbol)
@@ -89,6 +89,12 @@ typedef struct {
     int64_t anon_huge_pages; /* AnonHugePages */
 } mr_rollup;
 
+/* Who a process is, from /proc/PID/status and /proc/PID/stat. */
+typedef struct {
+    int64_t uid;        /* effective uid: the second number of status's Uid: line */
+    int64_t start_time; /* clock ticks after boot: field 22 of stat (a reused pid's is later) */
+} mr_identity;
+
 void mr_procfs_global_init(void);
 unsigned long mr_fork_generation(void);
 void mr_statm_init(mr_statm *statm);
@@ -103,6 +109,10 @@ int mr_statm_read(mr_statm *statm, mr_rss_sample *out);
  * (smaps_rollup and maps need ptrace access), EIO when the file is not what we understand. */
 int mr_status_read(int pid, mr_status *out);
 int mr_rollup_read(int pid, mr_rollup *out);
+/* Both files read through one open /proc/PID directory, so both figures are of one process (a
+ * pid reused in between is ESRCH). On an error *failed names the file ("stat", "status"), or is
+ * NULL when /proc/PID itself could not be opened. Errors as above. */
+int mr_identity_read(int pid, mr_identity *out, const char **failed);
 /* *out: the size of the [heap] (brk) mapping in bytes, -1 when the process has none. */
 int mr_heap_mapping_read(int pid, int64_t *out);
 
@@ -360,6 +370,7 @@ typedef enum {
     MR_COLLECT_RESULT, /* CollectResult: collect_thread() */
     MR_PROCESS_STATUS, /* _core.ProcessStatus: process_status() */
     MR_PROCESS_ROLLUP, /* _core.ProcessRollup: process_rollup() */
+    MR_PROC_IDENTITY,  /* _core.ProcessIdentity: process_identity() */
     MR_MIMALLOC_AREAS, /* _core.MimallocAreas: mimalloc_areas() */
     MR_THP_SETTINGS,   /* ThpSettings: thp_settings() */
     MR_THP_MARKED,     /* _core.ThpMarked: _thp_mark_heap() */
@@ -437,7 +448,8 @@ int mr_totals_add_constants(PyObject *module);
 /* ---- inspect.c: process_*, mimalloc_areas, the THP readers; GIL held ------------------------- */
 
 /* Its functions (module.c's exec adds each file's table to the module). Each releases the GIL
- * around its /proc read, heap walk or madvise only. */
+ * around its /proc read, heap walk or madvise only; process_identity keeps it (two reads of a
+ * few hundred bytes, like the statm reads). */
 extern PyMethodDef mr_inspect_methods[];
 
 /* ---- knobs.c: mallopt, malloc_info, set_purge_delay, collect_thread; GIL held ---------------- */

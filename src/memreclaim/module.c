@@ -176,6 +176,20 @@ static PyStructSequence_Desc process_rollup_desc = {
     5,
 };
 
+static PyStructSequence_Field proc_identity_fields[] = {
+    {"uid", "the effective uid (the second number of the Uid: line of /proc/PID/status)"},
+    {"start_time", "when it started, in clock ticks after boot (field 22 of /proc/PID/stat)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc proc_identity_desc = {
+    "memreclaim._core.ProcessIdentity",
+    "Who a process is (process_identity()): its owner and its start time, which tells a pid "
+    "reused by a later process apart.",
+    proc_identity_fields,
+    2,
+};
+
 static PyStructSequence_Field mimalloc_areas_fields[] = {
     {"small", "in-use bytes in pages of small blocks"},
     {"large", "in-use bytes in pages of larger blocks"},
@@ -233,6 +247,7 @@ static PyStructSequence_Desc *const result_descs[MR_NTYPES] = {
     [MR_COLLECT_RESULT] = &collect_result_desc, [MR_PROCESS_STATUS] = &process_status_desc,
     [MR_PROCESS_ROLLUP] = &process_rollup_desc, [MR_MIMALLOC_AREAS] = &mimalloc_areas_desc,
     [MR_THP_SETTINGS] = &thp_settings_desc,     [MR_THP_MARKED] = &thp_marked_desc,
+    [MR_PROC_IDENTITY] = &proc_identity_desc,
 };
 
 /* ---- shared Python glue (declared in memreclaim.h) ------------------------------------------- */

@@ -1,7 +1,8 @@
 /* Every /proc and sysfs reader: /proc/self/statm through a kept descriptor, /proc/PID/status, and
- * for another process (or this one) /proc/PID/smaps_rollup, the lines of /proc/PID/maps and their
- * fields (the [heap] mapping; thp.c chooses the heap ranges from them), and the THP settings under
- * /sys/kernel/mm/transparent_hugepage: the one place memreclaim parses /proc memory figures.
+ * for another process (or this one) /proc/PID/smaps_rollup, who it is (its effective uid and
+ * start time, from /proc/PID/status and stat), the lines of /proc/PID/maps and their fields (the
+ * [heap] mapping; thp.c chooses the heap ranges from them), and the THP settings under
+ * /sys/kernel/mm/transparent_hugepage: the one place memreclaim parses /proc figures.
  *
  * Pure C, no Python objects: these functions return raw numbers in bytes and errno values.
  */
@@ -400,6 +401,112 @@ int mr_rollup_read(int pid, mr_rollup *out)
         return err;
     }
     return out->pss < 0 ? EIO : 0;
+}
+
+/* ---- /proc/PID/stat and status: who a process is --------------------------------------------- */
+
+/* Read `name` under the open /proc/PID directory `dir` into buf[0:size], NUL-terminated (*used
+ * bytes); 0 or an errno. A file missing under a process's directory means the process has gone:
+ * ESRCH. */
+static int proc_read_at(int dir, const char *name, char *buf, size_t size, size_t *used)
+{
+    int err, fd = openat(dir, name, O_RDONLY | O_CLOEXEC);
+    *used = 0;
+    buf[0] = '\0';
+    if (fd < 0) {
+        return errno == ENOENT ? ESRCH : errno;
+    }
+    err = read_fd_small(fd, buf, size, used);
+    (void)close(fd);
+    buf[*used] = '\0';
+    return err;
+}
+
+/* Field 22 of /proc/PID/stat (starttime, in clock ticks after boot). The fields are counted after
+ * the LAST ')': the command in parentheses (field 2) may hold ')', blanks and newlines. The field
+ * must end in a blank (field 23 follows), so a cut read is not taken for a number. 0 or EIO. */
+static int stat_start_time(const char *buf, size_t used, int64_t *out)
+{
+    const char *end = buf + used;
+    const char *p = memrchr(buf, ')', used);
+    uint64_t value;
+    if (p == NULL) {
+        return EIO;
+    }
+    p++;
+    for (int field = 3; field < 22; field++) {
+        while (p < end && *p == ' ') {
+            p++;
+        }
+        if (p >= end || *p == '\n') {
+            return EIO;
+        }
+        while (p < end && *p != ' ' && *p != '\n') {
+            p++;
+        }
+    }
+    if (parse_u64(&p, end, &value) != 0 || p >= end || *p != ' ' || value > INT64_MAX) {
+        return EIO;
+    }
+    *out = (int64_t)value;
+    return 0;
+}
+
+/* The effective uid: the second of the four numbers of status's "Uid:" line. 0 or EIO. */
+static int status_effective_uid(const char *buf, size_t used, int64_t *out)
+{
+    const char *end = buf + used;
+    for (const char *line = buf; line < end;) {
+        const char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (eol == NULL) {
+            eol = end;
+        }
+        if (eol - line > 4 && memcmp(line, "Uid:", 4) == 0) {
+            const char *p = line + 4;
+            uint64_t real, effective;
+            if (parse_u64(&p, eol, &real) != 0 || parse_u64(&p, eol, &effective) != 0 || p >= eol ||
+                (*p != '\t' && *p != ' ') || effective > UINT32_MAX) {
+                return EIO;
+            }
+            *out = (int64_t)effective;
+            return 0;
+        }
+        line = eol + 1;
+    }
+    return EIO;
+}
+
+int mr_identity_read(int pid, mr_identity *out, const char **failed)
+{
+    char path[32], buf[4096]; /* stat is one line of some 300 bytes; Uid: is status's 9th line */
+    size_t used;
+    int dir, err;
+
+    *failed = NULL;
+    proc_path(path, sizeof(path), pid, ".");
+    dir = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) {
+        return errno == ENOENT ? ESRCH : errno;
+    }
+    /* Both files through the one directory descriptor: it stays bound to the process it was
+     * opened for, so a pid reused between the two reads gives ESRCH, never two processes' mix. */
+    *failed = "stat";
+    err = proc_read_at(dir, "stat", buf, sizeof(buf), &used);
+    if (err == 0) {
+        err = stat_start_time(buf, used, &out->start_time);
+    }
+    if (err == 0) {
+        *failed = "status";
+        err = proc_read_at(dir, "status", buf, sizeof(buf), &used);
+    }
+    if (err == 0) {
+        err = status_effective_uid(buf, used, &out->uid);
+    }
+    (void)close(dir);
+    if (err == 0) {
+        *failed = NULL;
+    }
+    return err;
 }
 
 /* ---- /proc/PID/maps: lines and their fields -------------------------------------------------- */

@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import _validate
+from . import _core, _validate
 
 __all__ = ["RemoteError", "install_signal_handler", "request", "state_dir"]
 
@@ -124,27 +124,25 @@ def state_dir(pid: int) -> Path:
     return Path(_bases(os.geteuid())[0]) / f"memreclaim-{pid}"
 
 
+_PID_MAX = (1 << 31) - 1  # pids are C ints: no process has a larger one
+
+
+def _target_identity(pid: int) -> _core.ProcessIdentity:
+    """Process ``pid``'s effective uid (whose files the command trusts) and start time (which
+    tells a pid reused by another process apart), both read by the core through one open
+    /proc/PID, so both are of the same process. ProcessLookupError when there is none."""
+    if pid > _PID_MAX:
+        raise ProcessLookupError(errno.ESRCH, f"no process {pid}")
+    return _core.process_identity(pid)
+
+
 def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat): tells a pid reused
-    by another process apart."""
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat), None when it
+    cannot be read."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode("ascii", "replace")
-        return int(text[text.rindex(")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
+        return _target_identity(pid).start_time
+    except OSError:
         return None
-
-
-def _target_uid(pid: int) -> int:
-    """The effective uid of process ``pid`` (/proc/PID/status): whose files the command trusts."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[2])
-    except FileNotFoundError:
-        raise ProcessLookupError(errno.ESRCH, f"no process {pid}") from None
-    raise ProcessLookupError(errno.ESRCH, f"no Uid line in /proc/{pid}/status")
 
 
 def _open_owned_dir(path: str, uid: int, *, dir_fd: int | None = None) -> int | None:
@@ -614,7 +612,7 @@ def _via_remote_exec(pid: int, command: str, pools: bool, timeout: float) -> dic
             f"sys.remote_exec needs Python 3.14+ (this command runs on {sys.version.split()[0]})"
         )
     deadline = time.monotonic() + timeout
-    uid = _target_uid(pid)
+    uid = _target_identity(pid).uid
     work, work_fd, reply_fd = _remote_exec_dir(uid)
     nonce = secrets.token_hex(16)
     code = _SCRIPT.format(
@@ -659,8 +657,8 @@ def _find_handler(pid: int) -> tuple[str, int, dict[str, Any], int] | None:
     """(directory, its descriptor, the checked marker, the target's uid) of process ``pid``'s
     live handler, or None when it has none. Only a directory owned by the target's user with
     mode 0700 is looked into; a marker there that is malformed is one RemoteError line."""
-    uid = _target_uid(pid)
-    start = _start_time(pid)
+    identity = _target_identity(pid)  # both figures of one process
+    uid, start = identity.uid, identity.start_time
     for path in _candidates(pid, uid):
         dir_fd = _open_owned_dir(path, uid)
         if dir_fd is None:
@@ -760,8 +758,7 @@ def request(
     timeout = _validate.seconds("timeout", timeout)
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    if not os.path.exists(f"/proc/{pid}"):
-        raise ProcessLookupError(errno.ESRCH, f"no process {pid}")
+    _target_identity(pid)  # ProcessLookupError now, before any way in is tried
     if method == "signal":
         return _via_signal(pid, command, pools, timeout)
     if method == "remote_exec":
