@@ -1,6 +1,7 @@
 """The core's readers of a process's /proc files (``_core.process_status``, ``process_rollup``,
 ``process_heap_mapping``, ``process_identity``): the one place /proc figures are parsed
-(``inspect PID`` and ``trim --pid`` use them). Figures are checked against the kernel's own files read here, and every failure mode."""
+(``inspect PID`` and ``trim --pid`` use them). Figures are checked against the kernel's own
+files read here, and every failure mode."""
 
 from __future__ import annotations
 

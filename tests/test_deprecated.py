@@ -18,7 +18,7 @@ OLD_NAMES = [
     ("memreclaim.policy", "NEAR_LIMIT_TICK", policy._NEAR_LIMIT_TICK),
     ("memreclaim.policy", "NEAR_LIMIT_FREE_READ", policy._NEAR_LIMIT_FREE_READ),
     ("memreclaim.pressure", "PressureSource", wakeups.PressureSource),
-    ("memreclaim.pressure", "find_sources", wakeups.find_sources),
+    ("memreclaim.pressure", "find_sources", memlimits.find_sources),
     ("memreclaim.watchdog", "THREAD_TRIM_THRESHOLD", watchdog._THREAD_TRIM_THRESHOLD),
     ("memreclaim", "MMAP_THRESHOLD_MAX", glibc.MMAP_THRESHOLD_MAX),
     ("memreclaim", "ArenaInfo", glibc.ArenaInfo),
@@ -65,8 +65,9 @@ def test_unknown_name_is_still_an_attribute_error(module: str) -> None:
 def test_public_homes_do_not_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        from memreclaim.memlimits import find_sources
         from memreclaim.policy import NEAR_LIMIT_HOLD, Decision, Provisional
-        from memreclaim.runners.wakeups import PressureSource, find_sources
+        from memreclaim.runners.wakeups import PressureSource
 
     assert isinstance(NEAR_LIMIT_HOLD, float) and Decision is not None and Provisional is not None
     assert PressureSource("psi", "/x", "poll").mode == "poll" and callable(find_sources)

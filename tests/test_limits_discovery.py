@@ -1,4 +1,4 @@
-"""memreclaim.memlimits' one cgroup discovery: cgroup_dirs and _read_counters on fixture trees, the
+"""memreclaim.memlimits' one cgroup discovery: cgroup_dirs and parse_counters on fixture trees, the
 same directories for the limits and the pressure watcher's sources."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from memreclaim import memlimits
-from memreclaim.memlimits import CgroupDirs, _read_counters, cgroup_dirs
-from memreclaim.runners.wakeups import find_sources
+from memreclaim.memlimits import CgroupDirs, cgroup_dirs, find_sources, parse_counters
 
 MOUNTINFO = (
     "22 1 0:21 / /proc rw - proc proc rw\n"
@@ -65,10 +64,29 @@ def test_bad_root() -> None:
         cgroup_dirs(42)  # type: ignore[arg-type]
 
 
-def test_read_counters() -> None:
+def test_parse_counters() -> None:
     text = "low 0\nhigh 17\nbroken\nmax x\noom_kill 1\n"
-    assert _read_counters(text) == {"low": 0, "high": 17, "oom_kill": 1}
-    assert _read_counters(None) == {} and _read_counters("") == {}
+    assert parse_counters(text) == {"low": 0, "high": 17, "oom_kill": 1}
+    assert parse_counters(None) == {} and parse_counters("") == {}
+
+
+def test_parse_counters_is_the_one_parser_of_memory_events() -> None:
+    # the limits' events and the memory.events wake-up source read a file the same way; the
+    # wake-up keeps only the counters whose growth is a wake-up
+    from memreclaim.runners import wakeups
+
+    text = "low 3\nhigh 17\nmax 2\noom 1\noom_kill 1\noom_group_kill 0\nbroken\nmax2 x\n"
+    assert wakeups._event_counts(text) == {
+        k: v for k, v in parse_counters(text).items() if k in wakeups.EVENT_COUNTERS
+    }
+    assert wakeups._event_counts(text) == {"high": 17, "max": 2, "oom": 1, "oom_kill": 1}
+    assert wakeups._event_counts(None) == {}
+
+
+@pytest.mark.parametrize("text", [b"high 1\n", 1, ["high 1"]])
+def test_parse_counters_bad_text(text: object) -> None:
+    with pytest.raises(TypeError, match="text must be a str or None"):
+        parse_counters(text)  # type: ignore[arg-type]
 
 
 def test_the_old_private_path_is_the_same_module_content() -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from test_limits import v1_cgroup  # noqa: F401  (a fixture: a fresh cgroup v1, removed after)
 
+from memreclaim import memlimits
 from memreclaim.pressure import PressureEvent, PressureWatcher
-from memreclaim.runners import wakeups
 
 MiB = 1 << 20
 
@@ -196,17 +196,17 @@ def test_find_sources_fixture(tmp_path: Path) -> None:
     (tmp_path / "proc/self/mountinfo").write_text(
         "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
     )
-    assert wakeups.find_sources(str(tmp_path)) == (
+    assert memlimits.find_sources(str(tmp_path)) == (
         str(cg / "memory.pressure"),
         str(cg / "memory.events"),
     )
     (tmp_path / "proc/self/cgroup").write_text("4:memory:/x\n")
     (tmp_path / "proc/pressure").mkdir()
     (tmp_path / "proc/pressure/memory").write_text(_psi(0))
-    assert wakeups.find_sources(str(tmp_path)) == (str(tmp_path / "proc/pressure/memory"), None)
-    assert wakeups.find_sources(str(tmp_path / "nothing")) == (None, None)
+    assert memlimits.find_sources(str(tmp_path)) == (str(tmp_path / "proc/pressure/memory"), None)
+    assert memlimits.find_sources(str(tmp_path / "nothing")) == (None, None)
     with pytest.raises(TypeError):
-        wakeups.find_sources(42)  # type: ignore[arg-type]
+        memlimits.find_sources(42)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ while [ ! -e {stop} ] && [ $(date +%s) -lt $end ]; do cat {file} > /dev/null; do
 
 
 def test_psi_trigger_for_real(v1_cgroup: Path, tmp_path: Path) -> None:  # noqa: F811
-    psi, _events = wakeups.find_sources()
+    psi, _events = memlimits.find_sources()
     if psi is None:
         pytest.skip("no PSI file here (kernel without CONFIG_PSI?)")
     rec = Recorder()

@@ -1,8 +1,8 @@
 """Which Python modules name a /proc or /sys path in their code (docstrings and messages aside):
-docs/architecture.md rule 1 has every /proc memory figure read by the C core, and the cgroup
-discovery (memreclaim.memlimits) is the one Python reader of the kernel's files. The modules
-listed in KNOWN below are what is left of issue 33 (each says why); the test fails when a new
-module reads one, and when a listed module no longer does (then it leaves the list)."""
+docs/architecture.md rule 1 has every /proc figure read by the C core, and the cgroup discovery
+(memreclaim.memlimits) is the one Python module that names the kernel's files. The test fails
+when any other module names one. KNOWN is for a module that must keep doing so for a while, each
+with why (none does); a listed module that no longer names one must leave the list."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "memreclaim"
 PATH = re.compile(r"^/?(proc|sys)(/|$)")
 ALLOWED = {"memlimits.py": "the one cgroup discovery"}
-KNOWN = {
-    "runners/wakeups.py": "the system-wide PSI file (proc/pressure/memory), a wake-up source",
-}
+KNOWN: dict[str, str] = {}
 
 
 def _docstrings(tree: ast.Module) -> set[int]:

@@ -43,7 +43,9 @@ __all__ = [
     "Limits",
     "auto_limit",
     "cgroup_dirs",
+    "find_sources",
     "limits",
+    "parse_counters",
     "read_limits",
 ]
 
@@ -110,9 +112,16 @@ def _bytes(text: str | None) -> int | None:
     return None if value >= UNLIMITED or value < 0 else value
 
 
-def _read_counters(text: str | None) -> dict[str, int]:
+def parse_counters(text: str | None) -> dict[str, int]:
     """The ``name value`` lines of a flat-keyed cgroup file (``memory.events``,
-    ``memory.oom_control``) as a dict; lines that are not a name and a count are skipped."""
+    ``memory.oom_control``) as a dict; lines that are not a name and a count are skipped. The one
+    parser of these files: :attr:`Limits.events` and the ``memory.events`` wake-up source.
+
+    Raises:
+        TypeError: ``text`` is neither a str nor None.
+    """
+    if text is not None and not isinstance(text, str):
+        raise TypeError(f"text must be a str or None, not {type(text).__name__}")
     result: dict[str, int] = {}
     for line in (text or "").splitlines():
         parts = line.split()
@@ -223,6 +232,31 @@ def cgroup_dirs(root: str = "/") -> CgroupDirs:
     return CgroupDirs(v2=tuple(v2), v1=tuple(v1), notes=tuple(notes))
 
 
+def find_sources(root: str = "/") -> tuple[str | None, str | None]:
+    """(the PSI file, the ``memory.events`` file) of this process, or None where there is none:
+    what the runners' wake-ups and the pressure watcher watch.
+
+    The cgroup v2 ``memory.pressure`` is preferred to the system-wide ``/proc/pressure/memory``;
+    ``root`` prefixes every path (for tests on a fixture tree).
+
+    Raises:
+        TypeError: a ``root`` that is not a path.
+    """
+    dirs = cgroup_dirs(root)
+    root = os.fspath(root)
+    cgroup_dir = dirs.v2[0] if dirs.v2 else None
+    psi = None
+    events = None
+    if cgroup_dir is not None:
+        if os.path.exists(os.path.join(cgroup_dir, "memory.pressure")):
+            psi = os.path.join(cgroup_dir, "memory.pressure")
+        if os.path.exists(os.path.join(cgroup_dir, "memory.events")):
+            events = os.path.join(cgroup_dir, "memory.events")
+    if psi is None and os.path.exists(os.path.join(root, "proc/pressure/memory")):
+        psi = os.path.join(root, "proc/pressure/memory")
+    return psi, events
+
+
 # Each hierarchy's files: the hard limit, the soft one (v2 memory.high, v1's soft limit), the
 # swap limit and the usage.
 _FILES = {
@@ -262,7 +296,7 @@ def _from_cgroup2(dirs: tuple[str, ...]) -> Limits | None:
         and _read(os.path.join(own, "memory.current")) is None
     ):
         return None  # the memory controller is not enabled for this cgroup
-    return _limits_of("cgroup2", dirs, _read_counters(_read(os.path.join(own, "memory.events"))))
+    return _limits_of("cgroup2", dirs, parse_counters(_read(os.path.join(own, "memory.events"))))
 
 
 def _from_cgroup1(dirs: tuple[str, ...]) -> Limits | None:
@@ -273,7 +307,7 @@ def _from_cgroup1(dirs: tuple[str, ...]) -> Limits | None:
     failcnt = _read(os.path.join(own, "memory.failcnt"))
     if failcnt is not None and failcnt.isdigit():
         events["failcnt"] = int(failcnt)
-    oom = _read_counters(_read(os.path.join(own, "memory.oom_control")))
+    oom = parse_counters(_read(os.path.join(own, "memory.oom_control")))
     if "oom_kill" in oom:
         events["oom_kill"] = oom["oom_kill"]
     return _limits_of("cgroup1", dirs, events)

@@ -10,16 +10,17 @@
 
 from __future__ import annotations
 
-from . import _deprecated
+from . import _deprecated, memlimits
 from .runners import wakeups
 from .runners.pressure import PressureEvent, PressureWatcher
 
 __all__ = ["PressureEvent", "PressureWatcher"]
 
-# Moved to memreclaim.runners.wakeups (one release, then gone).
+# Moved (one release, then gone): to memreclaim.runners.wakeups, and the cgroup discovery's
+# find_sources to memreclaim.memlimits.
 _MOVED: dict[str, tuple[str, object]] = {
     "PressureSource": ("memreclaim.runners.wakeups.PressureSource", wakeups.PressureSource),
-    "find_sources": ("memreclaim.runners.wakeups.find_sources", wakeups.find_sources),
+    "find_sources": ("memreclaim.memlimits.find_sources", memlimits.find_sources),
 }
 
 

@@ -39,9 +39,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import _validate
+from .. import _validate, memlimits
 from .._daemon import DaemonThread
-from . import wakeups
 from ._base import StartStop
 from .wakeups import EventsFile, PressureSource, PsiPoll, PsiTrigger, WakeSource, Wakeups
 
@@ -96,7 +95,7 @@ class PressureWatcher(StartStop):
     ``stall``/``window`` (seconds) make the PSI trigger: fire when tasks stalled on memory for
     ``stall`` seconds within ``window`` (``kind="some"``: at least one task; ``"full"``: all).
     ``psi``/``events`` are the files to watch (default ``"auto"``:
-    :func:`memreclaim.runners.wakeups.find_sources`; None: do not watch that kind).
+    :func:`memreclaim.memlimits.find_sources`; None: do not watch that kind).
     ``poll_interval`` is how often polled files are read; ``triggers=False`` polls the PSI file
     instead of writing a trigger.
     """
@@ -128,7 +127,8 @@ class PressureWatcher(StartStop):
         for arg, value in (("psi", psi), ("events", events)):
             if value is not None and not isinstance(value, str | os.PathLike):
                 raise TypeError(f"{arg} must be a path, 'auto' or None, not {type(value).__name__}")
-        auto_psi, auto_events = wakeups.find_sources() if "auto" in (psi, events) else (None, None)
+        found = memlimits.find_sources() if "auto" in (psi, events) else (None, None)
+        auto_psi, auto_events = found
         self._psi_path = auto_psi if psi == "auto" else (None if psi is None else os.fspath(psi))
         self._events_path = (
             auto_events if events == "auto" else (None if events is None else os.fspath(events))

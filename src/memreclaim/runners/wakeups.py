@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from .. import _validate
 from .._daemon import abandon, close_owned, fd_identity, owns_fd
-from ..memlimits import cgroup_dirs, limits
+from ..memlimits import find_sources, limits, parse_counters
 
 __all__ = [
     "EVENT_COUNTERS",
@@ -57,7 +57,6 @@ __all__ = [
     "Wake",
     "WakeSource",
     "Wakeups",
-    "find_sources",
     "open_source",
     "usage_alarm",
 ]
@@ -89,13 +88,8 @@ def _eventfd_poke(fd: int) -> None:
 
 
 def _event_counts(text: str | None) -> dict[str, int]:
-    """The :data:`EVENT_COUNTERS` of a ``memory.events`` text (other lines are skipped)."""
-    counts: dict[str, int] = {}
-    for line in (text or "").splitlines():
-        name, _, value = line.partition(" ")
-        if name in EVENT_COUNTERS and value.strip().isdigit():
-            counts[name] = int(value)
-    return counts
+    """The :data:`EVENT_COUNTERS` of a ``memory.events`` text (the others are dropped)."""
+    return {k: v for k, v in parse_counters(text).items() if k in EVENT_COUNTERS}
 
 
 class UsageAlarm:
@@ -746,36 +740,12 @@ WAKE_KINDS = ("usage-alarm", "psi", "memory.events", "systemd")
 """The sources a runner can sleep on (its ``wake_on``)."""
 
 
-def find_sources(root: str = "/") -> tuple[str | None, str | None]:
-    """(the PSI file, the ``memory.events`` file) of this process, or None where there is none.
-
-    The cgroup v2 ``memory.pressure`` is preferred to the system-wide ``/proc/pressure/memory``;
-    ``root`` prefixes every path (for tests on a fixture tree).
-
-    Raises:
-        TypeError: a ``root`` that is not a path.
-    """
-    dirs = cgroup_dirs(root)
-    root = os.fspath(root)
-    cgroup_dir = dirs.v2[0] if dirs.v2 else None
-    psi = None
-    events = None
-    if cgroup_dir is not None:
-        if os.path.exists(os.path.join(cgroup_dir, "memory.pressure")):
-            psi = os.path.join(cgroup_dir, "memory.pressure")
-        if os.path.exists(os.path.join(cgroup_dir, "memory.events")):
-            events = os.path.join(cgroup_dir, "memory.events")
-    if psi is None and os.path.exists(os.path.join(root, "proc/pressure/memory")):
-        psi = os.path.join(root, "proc/pressure/memory")
-    return psi, events
-
-
 def open_source(kind: str, *, mark: int | None = None) -> tuple[WakeSource | None, str]:
     """Open the source ``kind`` (one of :data:`WAKE_KINDS`) for this process, or None and why.
 
     ``"usage-alarm"`` needs the limit's ``mark`` (bytes) and a cgroup v1 memory limit; ``"psi"``
-    and ``"memory.events"`` the files :func:`find_sources` finds (the PSI trigger at its
-    defaults); ``"systemd"`` a unit that set ``$MEMORY_PRESSURE_WATCH``.
+    and ``"memory.events"`` the files :func:`memreclaim.memlimits.find_sources` finds (the PSI
+    trigger at its defaults); ``"systemd"`` a unit that set ``$MEMORY_PRESSURE_WATCH``.
 
     Raises:
         ValueError: an unknown ``kind``.
