@@ -42,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with open("/proc/sys/kernel/pid_max") as f:
         missing = int(f.read())  # never a process
-    for reader in (_core.process_status, _core.process_rollup, _core.process_heap_mapping):
+    readers = (
+        _core.process_status,
+        _core.process_rollup,
+        _core.process_heap_mapping,
+        _core.process_identity,
+    )
+    for reader in readers:
         for _ in range(args.calls):
             for pid in (os.getpid(), missing, 0, "1"):
                 with contextlib.suppress(Exception):
