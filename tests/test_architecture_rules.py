@@ -1,15 +1,21 @@
 """docs/architecture.md rule 4, "one unproductive-trim floor": the C core's UNPRODUCTIVE_BELOW is
-the only such constant; the process totals and the policy's default min_release both use it."""
+the only such constant; the process totals and the policy's default min_release both use it. And
+the data path "A runner tick": one reading, taken by the C core."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import memreclaim
 from memreclaim import _accounting, _core
 from memreclaim.policy import PacingPolicy
 
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "memreclaim"
+MiB = 1 << 20
 
 
 def test_the_policy_and_the_totals_share_the_c_floor() -> None:
@@ -31,3 +37,57 @@ def test_no_python_module_defines_its_own_unproductive_floor() -> None:
                     if value != "_core.UNPRODUCTIVE_BELOW":
                         defined.append(f"{path.relative_to(PACKAGE)}: {target.id} = {value}")
     assert defined == [], defined
+
+
+# ---- the data path of a runner tick: one reading, taken by the C core --------------------------
+
+TICK_READS = """
+import sys
+from memreclaim.runners import BackgroundTrimmer
+
+trimmer = BackgroundTrimmer(
+    slack="1MiB", min_interval=0.001, limit=None, thresholds=False, wake_on=()
+)
+trimmer.tick(settled=True)  # the floor
+baseline = memreclaim.rss()
+blocks = [bytearray(64 * 1024) for _ in range(SPIKE // (64 * 1024))]  # under mmap's threshold
+keep = blocks[-1]  # pins the top: the freed blocks below stay in the heap until a trim
+del blocks[:]
+freed = memreclaim.rss()
+
+
+def count(calls):
+    def profile(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__module__", "") == "memreclaim._core":
+            calls[arg.__name__] = calls.get(arg.__name__, 0) + 1
+    return profile
+
+
+ticks = []
+for _ in range(2):  # the first trims, the second finds nothing over the slack
+    calls = {}
+    sys.setprofile(count(calls))
+    event = trimmer.tick(settled=True)
+    sys.setprofile(None)
+    ticks.append({"trimmed": event is not None, "calls": calls})
+emit(ticks=ticks, held=freed - baseline, after=memreclaim.rss() - baseline)
+"""
+
+
+@pytest.mark.skipif(memreclaim.allocator() != "glibc", reason="the heap figures of glibc")
+def test_a_runner_tick_reads_once_through_the_c_core(run_python: Any) -> None:
+    """docs/architecture.md, "A runner tick": one statm read (``_core.sample``) for RSS and the
+    address space, the allocator's figures (``heap_stats``) only when the policy asks; a trim
+    tick reads the heap at most twice (before the trim and after it: the policy needs the in-use
+    bytes the trim started with, and the marks it leaves); no /proc/PID/status parse."""
+    out = run_python(TICK_READS, params={"SPIKE": 256 * MiB})
+    assert out["held"] > 200 * MiB, out
+    assert out["after"] < 0.25 * out["held"], out  # the trim gave the spike back
+    trimming, quiet = out["ticks"]
+    assert trimming["trimmed"] and not quiet["trimmed"], out
+    assert trimming["calls"].get("sample") == 2, trimming  # the tick's reading, the trim's end
+    assert trimming["calls"].get("trim") == 1, trimming
+    assert 1 <= trimming["calls"].get("heap_stats", 0) <= 2, trimming
+    assert quiet["calls"].get("sample") == 1 and quiet["calls"].get("heap_stats", 0) <= 1, quiet
+    for tick in out["ticks"]:
+        assert set(tick["calls"]) <= {"sample", "heap_stats", "trim", "thp_settings"}, tick

@@ -64,6 +64,7 @@ typedef struct {
 typedef struct {
     int64_t resident; /* bytes */
     int64_t anon;     /* bytes: resident - shared (file-backed and shmem) */
+    int64_t vsize;    /* bytes: the mapped address space (statm's size, VmSize) */
 } mr_rss_sample;
 
 /* Fields of /proc/PID/status, in bytes (threads: a count); -1 where the kernel does not report
@@ -363,6 +364,7 @@ typedef enum {
     MR_MIMALLOC_AREAS, /* _core.MimallocAreas: mimalloc_areas() */
     MR_THP_SETTINGS,   /* ThpSettings: thp_settings() */
     MR_THP_MARKED,     /* _core.ThpMarked: _thp_mark_heap() */
+    MR_SAMPLE,         /* _core.Sample: sample() */
     MR_NTYPES
 } mr_type_id;
 

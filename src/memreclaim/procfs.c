@@ -186,6 +186,7 @@ static int statm_read_locked(mr_statm *statm, unsigned long generation, mr_rss_s
     }
     out->resident = (int64_t)fields[1] * page_size;
     out->anon = fields[1] > fields[2] ? (int64_t)(fields[1] - fields[2]) * page_size : 0;
+    out->vsize = (int64_t)fields[0] * page_size;
     if (generation == 0) {
         statm_close_locked(statm); /* no fork notification: never keep the descriptor */
     }

@@ -48,7 +48,7 @@ from typing import Any, Literal, Self
 import memreclaim
 
 from .. import _core, _libraries, _validate, glibc
-from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
+from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss, sample
 from ..memlimits import auto_limit
 from ..policy import Decision, PacingPolicy, Reading, TrimOutcome
 from ..units import format_bytes
@@ -91,14 +91,6 @@ def _heap() -> HeapStats | None:
         return None
 
 
-def _vsize() -> int | None:
-    """The mapped address space in bytes (``VmSize``, read by the C core), or None."""
-    try:
-        return _core.process_status(os.getpid()).virtual
-    except OSError:
-        return None
-
-
 _thp_always: bool | None = None
 
 
@@ -114,9 +106,11 @@ def _thp_is_always() -> bool:
     return _thp_always
 
 
-def _regrowth_vsize() -> int | None:
-    """The address space the policy compares regrowth with, where regrowth can happen."""
-    return _vsize() if _thp_is_always() else None
+def _regrowth_vsize(vsize: int, heap: HeapStats | None) -> int | None:
+    """The address space the policy compares regrowth with (``vsize``, from the tick's
+    :func:`~memreclaim._core.sample`), where regrowth can happen and the allocator's figures were
+    read with it; else None."""
+    return vsize if heap is not None and _thp_is_always() else None
 
 
 def _in_use(heap: HeapStats | None) -> int | None:
@@ -366,12 +360,14 @@ class _Runner:
 
     def _check(self, now: float, lag: float, settled: bool = False) -> tuple[Decision, int]:
         started = time.perf_counter()
-        current = rss()
+        # The tick's reading: one statm read, then the allocator's figures if the policy asks.
+        reading = sample()
+        current = reading.rss
         traced = _traced()
         with self._lock:
             wants_heap = self._policy.wants_free(now, current)
         heap = _heap() if wants_heap else None
-        vsize = _regrowth_vsize() if heap is not None else None
+        vsize = _regrowth_vsize(reading.vsize, heap)
         in_use = _in_use(heap)
         with self._lock:
             self._in_use_decided = in_use
@@ -426,8 +422,9 @@ class _Runner:
         self, now: float, result: TrimResult, growth: int, gate: Gate, deferred: float
     ) -> TrimEvent:
         released = result.released or 0
-        rss_after = result.rss_after if result.rss_after is not None else rss()
         heap = _heap()
+        after = sample()
+        rss_after = result.rss_after if result.rss_after is not None else after.rss
         mapped = _mapped(heap)
         # A part it could not measure or act on: the trim may have missed memory there.
         unreached = result.reason is not None or None in result.parts.values()
@@ -445,7 +442,7 @@ class _Runner:
                     free=None if heap is None else heap.free,
                     in_use=_in_use(heap),
                     mapped=mapped,
-                    vsize=_regrowth_vsize() if heap is not None else None,
+                    vsize=_regrowth_vsize(after.vsize, heap),
                     unreached=unreached,
                     in_use_before=self._in_use_decided,
                 )
