@@ -242,11 +242,16 @@ static PyStructSequence_Desc sample_desc = {
 
 /* Each result type's description, by its mr_type_id. */
 static PyStructSequence_Desc *const result_descs[MR_NTYPES] = {
-    [MR_TRIM_RESULT] = &trim_result_desc,       [MR_MEMORY_STATS] = &memory_stats_desc,
-    [MR_HEAP_STATS] = &heap_stats_desc,         [MR_TRIM_TOTALS] = &trim_totals_desc,
-    [MR_COLLECT_RESULT] = &collect_result_desc, [MR_PROCESS_STATUS] = &process_status_desc,
-    [MR_PROCESS_ROLLUP] = &process_rollup_desc, [MR_MIMALLOC_AREAS] = &mimalloc_areas_desc,
-    [MR_THP_SETTINGS] = &thp_settings_desc,     [MR_THP_MARKED] = &thp_marked_desc,
+    [MR_TRIM_RESULT] = &trim_result_desc,
+    [MR_MEMORY_STATS] = &memory_stats_desc,
+    [MR_HEAP_STATS] = &heap_stats_desc,
+    [MR_TRIM_TOTALS] = &trim_totals_desc,
+    [MR_COLLECT_RESULT] = &collect_result_desc,
+    [MR_PROCESS_STATUS] = &process_status_desc,
+    [MR_PROCESS_ROLLUP] = &process_rollup_desc,
+    [MR_MIMALLOC_AREAS] = &mimalloc_areas_desc,
+    [MR_THP_SETTINGS] = &thp_settings_desc,
+    [MR_THP_MARKED] = &thp_marked_desc,
     [MR_SAMPLE] = &sample_desc,
 };
 
