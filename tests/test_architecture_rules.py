@@ -5,10 +5,12 @@ the data path "A runner tick": one reading, taken by the C core."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_gil_sites import FUNCTION
 
 import memreclaim
 from memreclaim import _accounting, _core
@@ -91,3 +93,59 @@ def test_a_runner_tick_reads_once_through_the_c_core(run_python: Any) -> None:
     assert quiet["calls"].get("sample") == 1 and quiet["calls"].get("heap_stats", 0) <= 1, quiet
     for tick in out["ticks"]:
         assert set(tick["calls"]) <= {"sample", "heap_stats", "trim", "thp_settings"}, tick
+
+
+# ---- rule 2: struct sequences from C; a dict only for open-ended figures, and one exception ------
+
+DICT = re.compile(r"\b(PyDict_New|PyDict_Copy)\s*\(|Py_BuildValue\(\s*\"\{")
+
+# (file, enclosing function) -> the dict it makes, and why it is a dict.
+DICTS = {
+    ("heap.c", "core_trim"): "TrimResult.parts: one entry per part the trim reached (open-ended)",
+    ("heap.c", "build_heap_stats"): "HeapStats.figures: the allocator's own named figures",
+    ("heap.c", "core_stats"): "MemoryStats.libraries: one entry per registered library pool",
+    ("_pools.c", "mrp_status"): "the exception: 0.2.0's PoolReclaimStatus TypedDict",
+}
+
+
+def _dict_sites(text: str) -> set[str]:
+    """The enclosing function of each dict the C source ``text`` makes."""
+    found, current = set(), None
+    for line in text.splitlines():
+        match = FUNCTION.match(line)
+        if match and not line.rstrip().endswith(";"):
+            current = match.group(1)
+        if DICT.search(line):
+            found.add(current or "?")
+    return found
+
+
+def test_the_detector_finds_the_functions_that_make_dicts() -> None:
+    code = (
+        "static PyObject *one(void)\n{\n    PyObject *d = PyDict_New();\n    return d;\n}\n"
+        "static int two(void);\n"
+        'static PyObject *three(PyObject *x)\n{\n    return Py_BuildValue("{s:i}", "a", 1);\n}\n'
+    )
+    assert _dict_sites(code) == {"one", "three"}
+
+
+def test_c_makes_dicts_only_where_rule_2_says() -> None:
+    found = {
+        (path.name, function)
+        for path in sorted(PACKAGE.glob("*.c"))
+        for function in _dict_sites(path.read_text())
+    }
+    assert found == set(DICTS), (
+        f"C functions that make dicts changed: new {sorted(found - set(DICTS))},"
+        f" gone {sorted(set(DICTS) - found)} (rule 2: a struct sequence, or say why here)"
+    )
+    rule = (PACKAGE.parent.parent / "docs" / "architecture.md").read_text()
+    assert "`_pools.status()` returns a dict" in rule and "tests/test_architecture_rules.py" in rule
+
+
+def test_the_one_dict_result_is_the_released_typed_dict() -> None:
+    from memreclaim import _pools, pools
+
+    status = _pools.status()
+    assert isinstance(status, dict)
+    assert set(status) == set(pools.PoolReclaimStatus.__annotations__), sorted(status)
