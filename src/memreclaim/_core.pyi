@@ -207,6 +207,7 @@ def sample() -> Sample:
     Raises:
         OSError: /proc/self/statm cannot be read.
     """
+
 def totals() -> TrimTotals: ...
 def _record_trim(released: int | None, seconds: float, /) -> None: ...
 def stats(

@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, NamedTuple, Self
 
 import memreclaim
 
@@ -113,19 +113,31 @@ def _regrowth_vsize(vsize: int, heap: HeapStats | None) -> int | None:
     return vsize if heap is not None and _thp_is_always() else None
 
 
-def _in_use(heap: HeapStats | None) -> int | None:
+class _Figures(NamedTuple):
+    """The allocator's figures as the policy takes them, with what library pools report."""
+
+    free: int | None
+    in_use: int | None
     """Bytes live data holds: the allocator's in-use figure plus what library pools (pyarrow's)
-    report in use, or None when the allocator does not say."""
-    if heap is None or heap.in_use is None:
-        return None
-    return heap.in_use + _libraries.in_use()
-
-
-def _mapped(heap: HeapStats | None) -> int | None:
+    report in use; None when the allocator does not say."""
+    mapped: int | None
     """Bytes the allocator maps plus what library pools report in use, or None."""
-    if heap is None or heap.mapped is None:
-        return None
-    return heap.mapped + _libraries.in_use()
+
+
+_NO_FIGURES = _Figures(None, None, None)
+
+
+def _figures(heap: HeapStats | None) -> _Figures:
+    """``heap``'s figures with the library pools' in-use bytes (asked once: the same figure in
+    ``in_use`` and ``mapped``)."""
+    if heap is None:
+        return _NO_FIGURES
+    pools = _libraries.in_use() if heap.in_use is not None or heap.mapped is not None else 0
+    return _Figures(
+        heap.free,
+        None if heap.in_use is None else heap.in_use + pools,
+        None if heap.mapped is None else heap.mapped + pools,
+    )
 
 
 # ---- reporting ------------------------------------------------------------------------------
@@ -368,21 +380,21 @@ class _Runner:
             wants_heap = self._policy.wants_free(now, current)
         heap = _heap() if wants_heap else None
         vsize = _regrowth_vsize(reading.vsize, heap)
-        in_use = _in_use(heap)
+        figures = _figures(heap)
         with self._lock:
-            self._in_use_decided = in_use
+            self._in_use_decided = figures.in_use
             in_flight = self._in_flight if self._requests_seen else None
             decision = self._policy.decide(
                 Reading(
                     now,
                     current,
                     traced=traced,
-                    free=None if heap is None else heap.free,
+                    free=figures.free,
                     in_flight=in_flight,
                     settled=settled,
-                    in_use=in_use,
+                    in_use=figures.in_use,
                     vsize=vsize,
-                    mapped=_mapped(heap),
+                    mapped=figures.mapped,
                 )
             )
             growth = self._policy.growth(current, traced)
@@ -409,7 +421,7 @@ class _Runner:
         in-use bytes as it starts are the deciding tick's, or read now if it had none (frees
         while it runs are told from them: :attr:`TrimOutcome.in_use_before`)."""
         if self._in_use_decided is None:
-            self._in_use_decided = _in_use(_heap())
+            self._in_use_decided = _figures(_heap()).in_use
         if not _TRIM_LOCK.acquire(blocking=False):
             self._count(skipped_concurrent=1)
             return None
@@ -425,7 +437,7 @@ class _Runner:
         heap = _heap()
         after = sample()
         rss_after = result.rss_after if result.rss_after is not None else after.rss
-        mapped = _mapped(heap)
+        figures = _figures(heap)
         # A part it could not measure or act on: the trim may have missed memory there.
         unreached = result.reason is not None or None in result.parts.values()
         with self._lock:
@@ -439,9 +451,9 @@ class _Runner:
                     rss_after=rss_after,
                     seconds=result.seconds,
                     traced=_traced(),
-                    free=None if heap is None else heap.free,
-                    in_use=_in_use(heap),
-                    mapped=mapped,
+                    free=figures.free,
+                    in_use=figures.in_use,
+                    mapped=figures.mapped,
                     vsize=_regrowth_vsize(after.vsize, heap),
                     unreached=unreached,
                     in_use_before=self._in_use_decided,
@@ -449,6 +461,7 @@ class _Runner:
             )
             provisional = self._policy.provisional
             retest_due = self._policy.retest_due
+            floor = self._policy.floor
             self._add(
                 trims=1,
                 retest_trims=1 if retest else 0,
@@ -456,11 +469,11 @@ class _Runner:
                 bytes_released=released,
                 trim_seconds=result.seconds,
                 deadline_trims=1 if gate == "deadline" else 0,
-                floor=self._policy.floor,
+                floor=floor,
                 level=self._policy.level,
             )
             slack = self._policy.slack
-            left = rss_after - (self._policy.floor or rss_after)
+            left = rss_after - (floor or rss_after)
         event = TrimEvent(
             result=result,
             reason=reason,
@@ -613,7 +626,7 @@ class _Runner:
         current = rss()
         heap = _heap()
         with self._lock:
-            in_use = _in_use(heap)
+            in_use = _figures(heap).in_use
             self._policy.reset(time.monotonic(), current, _traced(), in_use=in_use)
             self._add(floor=current, level=current, last_rss=current)
 
