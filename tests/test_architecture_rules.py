@@ -149,3 +149,20 @@ def test_the_one_dict_result_is_the_released_typed_dict() -> None:
     status = _pools.status()
     assert isinstance(status, dict)
     assert set(status) == set(pools.PoolReclaimStatus.__annotations__), sorted(status)
+
+
+# ---- the C core's file readers: procfs.c (docs/architecture.md, "The C core") -----------------
+
+OPENS = re.compile(r"\b(open|openat|fopen|fdopen|opendir|readlink|stat|lstat)\s*\(")
+
+
+def test_only_procfs_c_opens_proc_or_sys_files() -> None:
+    """Every /proc and sysfs file the C core reads is opened in procfs.c (the other files hand it
+    a file name and a line callback: ``mr_self_lines``, ``mr_self_exe``)."""
+    assert OPENS.search('fd = open(path, O_RDONLY);') and not OPENS.search("dlopen(name, 0)")
+    openers = sorted(
+        path.name
+        for path in PACKAGE.glob("*.c")
+        if OPENS.search(re.sub(r"/\*.*?\*/|\"(\\.|[^\"\\])*\"", "", path.read_text(), flags=re.S))
+    )
+    assert openers == ["procfs.c"], openers

@@ -112,6 +112,14 @@ int mr_heap_mapping_read(int pid, int64_t *out);
  * the errno of a read, or the first non-zero value fn returns (which stops the walk). Pure C. */
 typedef int (*mr_line_fn)(void *ctx, const char *line, size_t len);
 int mr_lines_read(int fd, char *buf, size_t size, mr_line_fn fn, void *ctx);
+/* mr_lines_read over /proc/self/NAME, or over the file at path when it is not NULL (a test's
+ * fixture in the same format). Returns 0, an errno of the open or a read, or fn's value. Pure C. */
+int mr_self_lines(const char *name, const char *path, char *buf, size_t size, mr_line_fn fn,
+                  void *ctx);
+/* A "Key:   123 kB" line (key with its colon, the whole key matched): 0 with *bytes, else -1. */
+int mr_kb_line(const char *line, size_t len, const char *key, int64_t *bytes);
+/* The main program's path (/proc/self/exe), NUL-terminated in out[0:size]: 0 or an errno. */
+int mr_self_exe(char *out, size_t size);
 
 /* One line of /proc/PID/maps: "start-end perms offset dev inode [name]". */
 typedef struct {
