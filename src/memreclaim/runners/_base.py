@@ -504,13 +504,18 @@ class _Runner:
         )
         if self._thresholds is None and left > slack and threading.active_count() >= 3:
             self._check_arenas(slack)
-        if self._on_trim is not None:
-            try:
-                self._on_trim(event)
-            except Exception:
-                self._count(callback_errors=1)
-                logger.exception("%s %s: on_trim callback raised", self._kind, self._name)
+        self._call_on_trim(event)
         return event
+
+    def _call_on_trim(self, event: TrimEvent) -> None:
+        """The user's ``on_trim``; what it raises is counted and logged, never propagated."""
+        if self._on_trim is None:
+            return
+        try:
+            self._on_trim(event)
+        except Exception:
+            self._count(callback_errors=1)
+            logger.exception("%s %s: on_trim callback raised", self._kind, self._name)
 
     def _check_arenas(self, slack: int) -> None:
         """A trim left more than ``slack`` with three or more threads: under mimalloc 2, set the
