@@ -7,6 +7,9 @@
    timed in C by a small program compiled at run time.
 2. trim(): memreclaim.trim() vs a bare ctypes malloc_trim(0), alternating on the same rebuilt
    fragmented heap (seed 000 shape), wall-clock around each call.
+3. A runner tick's reading: _core.sample() (RSS, anonymous RSS and the address space in one
+   statm read) beside rss(); and a trim tick's two heap walks (heap_stats() before and after the
+   trim, glibc mallinfo2) beside the trim itself, on the same rebuilt heap.
 
 Results are ratios measured in the same run; every figure is the best (min) of several repeats
 for the per-call costs, and the median for trim (whose cost depends on the heap).
@@ -27,7 +30,7 @@ import timeit
 from pathlib import Path
 
 import memreclaim
-from memreclaim import workloads
+from memreclaim import _core, workloads
 
 PREAD_C = r"""
 #include <fcntl.h>
@@ -98,9 +101,15 @@ def bench_rss(number: int, repeat: int) -> dict[str, float | None]:
             return int(proc.memory_info().rss)
     except ImportError:
         ps = None  # type: ignore[assignment]
-    results: dict[str, list[float]] = {"rss()": [], "python pread": [], "psutil": []}
+    results: dict[str, list[float]] = {
+        "rss()": [],
+        "_core.sample()": [],
+        "python pread": [],
+        "psutil": [],
+    }
     for _ in range(3):  # interleave the contenders
         results["rss()"].append(per_call_ns(memreclaim.rss, number, repeat))
+        results["_core.sample()"].append(per_call_ns(_core.sample, number, repeat))
         results["python pread"].append(per_call_ns(py_read, number, repeat))
         if ps is not None:
             results["psutil"].append(per_call_ns(ps, max(number // 20, 1), repeat))
@@ -134,6 +143,27 @@ def bench_trim(rounds: int) -> dict[str, list[float]]:
     return results
 
 
+def bench_tick_walks(rounds: int) -> dict[str, list[float]]:
+    """A trim tick's heap walks beside its trim, on the same rebuilt seed 000 heap: seconds of
+    heap_stats() before the trim, of the trim, of heap_stats() after it."""
+    results: dict[str, list[float]] = {"walk before": [], "trim()": [], "walk after": []}
+    for _ in range(rounds):
+        keep = workloads.spike()
+        t0 = time.perf_counter()
+        memreclaim.heap_stats()
+        t1 = time.perf_counter()
+        memreclaim.trim()
+        t2 = time.perf_counter()
+        memreclaim.heap_stats()
+        t3 = time.perf_counter()
+        results["walk before"].append(t1 - t0)
+        results["trim()"].append(t2 - t1)
+        results["walk after"].append(t3 - t2)
+        del keep
+        memreclaim.trim()
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
@@ -143,6 +173,7 @@ def main() -> int:
 
     rss = bench_rss(number, repeat)
     trim = bench_trim(rounds)
+    walks = bench_tick_walks(rounds)
     ours, python, floor = rss["rss()"], rss["python pread"], rss["pread floor (C)"]
     assert ours is not None and python is not None
     t_ours = statistics.median(trim["memreclaim.trim()"])
@@ -191,6 +222,21 @@ def main() -> int:
             f"{statistics.median(mib):.0f} |"
         )
     lines += ["", f"- trim() / bare call: **{t_ours / t_bare:.3f}** (target: within 1.05)."]
+    sample_ns = rss["_core.sample()"]
+    walk_ms = {k: statistics.median(v) * 1e3 for k, v in walks.items()}
+    both = walk_ms["walk before"] + walk_ms["walk after"]
+    lines += [
+        "",
+        f"## A runner tick's reading ({rounds} rounds on the seed 000 heap, median)",
+        "",
+        f"- `_core.sample()` (RSS, anonymous RSS, address space; one statm read): "
+        f"{sample_ns:.0f} ns, {sample_ns / ours:.2f}x rss()."
+        if sample_ns is not None
+        else "- `_core.sample()`: n/a",
+        f"- A trim tick's heap walks (glibc mallinfo2): {walk_ms['walk before']:.2f} ms before"
+        f" the trim, {walk_ms['walk after']:.2f} ms after it, beside {walk_ms['trim()']:.1f} ms"
+        f" for the trim: the two walks are **{both / walk_ms['trim()']:.3f}x** the trim.",
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

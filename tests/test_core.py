@@ -47,6 +47,26 @@ def test_rss_matches_statm() -> None:
     assert abs(value - resident) < 8 * 2**20
 
 
+def test_sample_is_one_statm_reading() -> None:
+    page = os.sysconf("SC_PAGESIZE")
+    with open("/proc/self/statm") as f:
+        size, resident, shared = (int(x) * page for x in f.read().split()[:3])
+    sample = _core.sample()
+    assert isinstance(sample, _core.Sample) and len(sample) == 3
+    assert abs(sample.rss - resident) < 8 * 2**20
+    assert abs(sample.anon - (resident - shared)) < 8 * 2**20
+    assert abs(sample.vsize - size) < 64 * 2**20
+    assert sample.vsize >= sample.rss >= sample.anon > 0
+    assert memreclaim.asdict(sample) == dict(zip(("rss", "anon", "vsize"), sample, strict=True))
+
+
+def test_sample_takes_no_arguments() -> None:
+    with pytest.raises(TypeError):
+        _core.sample(True)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _core.sample(heap=True)  # type: ignore[call-arg]
+
+
 def test_trim_result_fields() -> None:
     result = memreclaim.trim()
     assert isinstance(result, memreclaim.TrimResult)

@@ -64,6 +64,25 @@ def test_anon_mappings_of_smaps(tmp_path: Path) -> None:
         _core.diag_anon_mappings(None, None)  # type: ignore[call-arg]
 
 
+def test_anon_mappings_of_smaps_with_a_header_longer_than_the_buffer(tmp_path: Path) -> None:
+    # A mapping whose path is longer than the reader's line buffer: its fields (its Rss) are not
+    # taken for the anonymous mapping before it.
+    smaps = tmp_path / "smaps"
+    long_path = "/" + "d" * 5000 + "/lib.so"
+    smaps.write_text(
+        "7f0000000000-7f0000400000 rw-p 00000000 00:00 0\n"
+        "Rss:                1024 kB\n"
+        f"7f0000400000-7f0000800000 rw-p 00000000 08:01 99 {long_path}\n"
+        "Rss:                4096 kB\n"
+        "7f0000800000-7f0000900000 rw-p 00000000 00:00 0\n"
+        "Rss:                   8 kB\n"
+    )
+    assert _core.diag_anon_mappings(smaps) == (
+        (0x7F0000000000, 0x7F0000400000, 1024 * 1024),
+        (0x7F0000800000, 0x7F0000900000, 8 * 1024),
+    )
+
+
 def test_anon_mappings_of_this_process_hold_a_fresh_mmap() -> None:
     import mmap
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import memreclaim.policy
 from memreclaim.policy import PacingPolicy, Reading, TrimOutcome
 from memreclaim.policy._backoff import Backoff, Retest
 from memreclaim.policy._budget import CpuBudget
@@ -19,7 +20,8 @@ from memreclaim.policy._settle import Settle
 
 MiB = 1 << 20
 RULES = ("_limit", "_growth", "_backoff", "_budget", "_settle", "_reading")
-POLICY = Path(__file__).resolve().parent.parent / "src" / "memreclaim" / "policy"
+# The installed package's sources (the tree's src/, or a wheel's site-packages in the matrix).
+POLICY = Path(memreclaim.policy.__file__).resolve().parent
 
 
 def test_settle_waits_for_a_flat_window() -> None:

@@ -282,20 +282,20 @@ def test_tick_errors_are_logged_not_fatal(
 ) -> None:
     import memreclaim.runners._base as wd
 
-    real_rss = memreclaim.rss
+    real_sample = wd.sample
     failures = {"left": 3}
 
-    def flaky_rss() -> int:
+    def flaky_sample() -> Any:
         if failures["left"] > 0:
             failures["left"] -= 1
             raise OSError("statm unreadable")
-        return real_rss()
+        return real_sample()
 
     async def main() -> Counters:
         async with Watchdog(interval=0.005) as watchdog:
             while watchdog.counters.ticks < 1:  # started: the floor is set
                 await asyncio.sleep(0.005)
-            monkeypatch.setattr(wd, "rss", flaky_rss)
+            monkeypatch.setattr(wd, "sample", flaky_sample)
             for _ in range(2000):  # bounded
                 if not failures["left"] and watchdog.counters.ticks >= 3:
                     break

@@ -34,6 +34,17 @@ class ThpMarked(tuple[object, ...]):
     @property
     def skipped(self) -> int: ...
 
+@final
+class Sample(tuple[object, ...]):
+    """This process's memory from one read of /proc/self/statm (:func:`sample`)."""
+
+    @property
+    def rss(self) -> int: ...
+    @property
+    def anon(self) -> int: ...
+    @property
+    def vsize(self) -> int: ...
+
 # Two stub-only bases (absent at runtime: each struct sequence is a plain tuple subclass made in
 # C) for the fields that two result types share with the same types.
 @type_check_only
@@ -199,6 +210,13 @@ def trim(
     *, pools: bool = False, libraries: tuple[tuple[str, Callable[[], object]], ...] = ()
 ) -> TrimResult: ...
 def rss() -> int: ...
+def sample() -> Sample:
+    """Resident, anonymous resident and mapped bytes in one statm read (a runner tick's reading).
+
+    Raises:
+        OSError: /proc/self/statm cannot be read.
+    """
+
 def totals() -> TrimTotals: ...
 def _record_trim(released: int | None, seconds: float, /) -> None: ...
 def stats(

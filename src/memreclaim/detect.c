@@ -211,11 +211,8 @@ static void note(mr_object *out, const struct dl_phdr_info *info, void *address)
         (void)snprintf(out->path, sizeof(out->path), "%s", info->dlpi_name);
     } else {
         /* The main program has no name in the link map. */
-        ssize_t n = readlink("/proc/self/exe", out->path, sizeof(out->path) - 1);
-        if (n <= 0) {
+        if (mr_self_exe(out->path, sizeof(out->path)) != 0) {
             (void)snprintf(out->path, sizeof(out->path), "the main program");
-        } else {
-            out->path[n] = '\0';
         }
     }
 }

@@ -254,58 +254,42 @@ static int mappings_push(mr_mappings *maps, unsigned long long start, unsigned l
     return 0;
 }
 
-/* A mapping's header line ("start-end perms offset dev inode [path]"): 1 when anonymous (no
- * path), 0 when file-backed or named, -1 when the line is not a header. */
-static int header_anonymous(const char *line, unsigned long long *start, unsigned long long *end)
+typedef struct {
+    mr_mappings *maps;
+    bool anonymous; /* the mapping whose fields come now is anonymous and unnamed */
+} smaps_walk;
+
+/* One line of smaps: a mapping's header (procfs.c's maps layout) or one of its "Key: n kB" fields
+ * (capitalised). An anonymous mapping without a name is kept, with its Rss. */
+static int smaps_line(void *ctx, const char *line, size_t len)
 {
-    int used = 0, fields = 0;
-    const char *p;
-    if (sscanf(line, "%llx-%llx %n", start, end, &used) != 2 || used == 0) {
-        return -1;
+    smaps_walk *walk = ctx;
+    mr_maps_entry entry;
+    int64_t rss;
+    if (line == NULL) { /* longer than the buffer: a header with a long path */
+        walk->anonymous = false;
+        return 0;
     }
-    for (p = line; *p != '\0';) {
-        while (*p == ' ' || *p == '\t' || *p == '\n') {
-            p++;
+    if (len > 0 && line[0] >= 'A' && line[0] <= 'Z') {
+        if (walk->anonymous && mr_kb_line(line, len, "Rss:", &rss) == 0) {
+            walk->maps->items[walk->maps->count - 1].rss = (unsigned long long)rss;
         }
-        if (*p == '\0') {
-            break;
-        }
-        fields++;
-        while (*p != '\0' && *p != ' ' && *p != '\t' && *p != '\n') {
-            p++;
-        }
+        return 0;
     }
-    return fields < 6;
+    if (mr_maps_parse(line, len, &entry) != 0) {
+        return 0; /* neither: skipped */
+    }
+    walk->anonymous = entry.name_len == 0;
+    return walk->anonymous ? mappings_push(walk->maps, entry.start, entry.end) : 0;
 }
 
-/* Pure C: read path's anonymous mappings and their Rss. Returns 0 or an errno. */
+/* Pure C: read the anonymous mappings of /proc/self/smaps (path NULL) or of the smaps-format file
+ * at path, and their Rss. Returns 0 or an errno. */
 static int read_anon_mappings(const char *path, mr_mappings *maps)
 {
-    FILE *file = fopen(path, "re");
-    char *line = NULL;
-    size_t room = 0;
-    int anonymous = 0, err = 0;
-    if (file == NULL) {
-        return errno;
-    }
-    while (getline(&line, &room, file) >= 0) {
-        unsigned long long start, end, kib;
-        int kind = line[0] >= 'A' && line[0] <= 'Z' ? -1 : header_anonymous(line, &start, &end);
-        if (kind >= 0) {
-            anonymous = kind;
-            if (anonymous && (err = mappings_push(maps, start, end)) != 0) {
-                break;
-            }
-        } else if (anonymous && maps->count > 0 && sscanf(line, "Rss: %llu kB", &kib) == 1) {
-            maps->items[maps->count - 1].rss = kib * 1024;
-        }
-    }
-    if (err == 0 && ferror(file)) {
-        err = EIO;
-    }
-    free(line);
-    fclose(file);
-    return err;
+    char buf[4096];
+    smaps_walk walk = {maps, false};
+    return mr_self_lines("smaps", path, buf, sizeof(buf), smaps_line, &walk);
 }
 
 static PyObject *mapping_item(const void *items, size_t i)
@@ -329,7 +313,7 @@ static PyObject *diag_anon_mappings(PyObject *module, PyObject *const *args, Py_
 {
     mr_mappings maps = {NULL, 0, 0};
     PyObject *encoded = NULL, *result;
-    const char *path = "/proc/self/smaps";
+    const char *path = NULL;
     int err;
     (void)module;
     if (nargs > 1) {
@@ -349,7 +333,8 @@ static PyObject *diag_anon_mappings(PyObject *module, PyObject *const *args, Py_
     if (err != 0) {
         free(maps.items);
         errno = err;
-        result = PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+        result =
+            PyErr_SetFromErrnoWithFilename(PyExc_OSError, path == NULL ? "/proc/self/smaps" : path);
         Py_XDECREF(encoded);
         return result;
     }

@@ -567,6 +567,27 @@ static PyObject *core_rss(PyObject *module, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLongLong((long long)sample.resident);
 }
 
+PyDoc_STRVAR(sample_doc,
+             "sample() -> Sample\n\n"
+             "This process's resident, anonymous resident and mapped bytes, from one read of\n"
+             "/proc/self/statm (the descriptor rss() keeps): a runner tick's reading. Raises\n"
+             "OSError when /proc/self/statm cannot be read.");
+
+static PyObject *core_sample(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    mr_rss_sample sample;
+    int64_t figures[3];
+    /* GIL kept, as in rss(). */
+    int err = mr_statm_read(&mr_state(module)->statm, &sample);
+    if (err != 0) {
+        return mr_raise_proc_error(err, "/proc/self/statm");
+    }
+    figures[0] = sample.resident;
+    figures[1] = sample.anon;
+    figures[2] = sample.vsize;
+    return mr_new_result_ints(module, MR_SAMPLE, 0, figures, 3);
+}
+
 /* ---- heap stats ------------------------------------------------------------------------------ */
 
 static PyObject *build_heap_stats(mr_core_state *state)
@@ -820,6 +841,7 @@ error:
 PyMethodDef mr_heap_methods[] = {
     {"trim", (PyCFunction)(void (*)(void))core_trim, METH_VARARGS | METH_KEYWORDS, trim_doc},
     {"rss", core_rss, METH_NOARGS, rss_doc},
+    {"sample", core_sample, METH_NOARGS, sample_doc},
     {"stats", (PyCFunction)(void (*)(void))core_stats, METH_VARARGS | METH_KEYWORDS, stats_doc},
     {"heap_stats", core_heap_stats, METH_NOARGS, heap_stats_doc},
     {"set_thp_marking", core_set_thp_marking, METH_O, set_thp_marking_doc},

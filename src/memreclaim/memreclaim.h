@@ -64,6 +64,7 @@ typedef struct {
 typedef struct {
     int64_t resident; /* bytes */
     int64_t anon;     /* bytes: resident - shared (file-backed and shmem) */
+    int64_t vsize;    /* bytes: the mapped address space (statm's size, VmSize) */
 } mr_rss_sample;
 
 /* Fields of /proc/PID/status, in bytes (threads: a count); -1 where the kernel does not report
@@ -121,6 +122,14 @@ int mr_heap_mapping_read(int pid, int64_t *out);
  * the errno of a read, or the first non-zero value fn returns (which stops the walk). Pure C. */
 typedef int (*mr_line_fn)(void *ctx, const char *line, size_t len);
 int mr_lines_read(int fd, char *buf, size_t size, mr_line_fn fn, void *ctx);
+/* mr_lines_read over /proc/self/NAME, or over the file at path when it is not NULL (a test's
+ * fixture in the same format). Returns 0, an errno of the open or a read, or fn's value. Pure C. */
+int mr_self_lines(const char *name, const char *path, char *buf, size_t size, mr_line_fn fn,
+                  void *ctx);
+/* A "Key:   123 kB" line (key with its colon, the whole key matched): 0 with *bytes, else -1. */
+int mr_kb_line(const char *line, size_t len, const char *key, int64_t *bytes);
+/* The main program's path (/proc/self/exe), NUL-terminated in out[0:size]: 0 or an errno. */
+int mr_self_exe(char *out, size_t size);
 
 /* One line of /proc/PID/maps: "start-end perms offset dev inode [name]". */
 typedef struct {
@@ -374,6 +383,7 @@ typedef enum {
     MR_MIMALLOC_AREAS, /* _core.MimallocAreas: mimalloc_areas() */
     MR_THP_SETTINGS,   /* ThpSettings: thp_settings() */
     MR_THP_MARKED,     /* _core.ThpMarked: _thp_mark_heap() */
+    MR_SAMPLE,         /* _core.Sample: sample() */
     MR_NTYPES
 } mr_type_id;
 

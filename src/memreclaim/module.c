@@ -240,13 +240,33 @@ static PyStructSequence_Desc thp_marked_desc = {
     3,
 };
 
+static PyStructSequence_Field sample_fields[] = {
+    {"rss", "resident bytes"},
+    {"anon", "anonymous resident bytes (resident minus file-backed and shared)"},
+    {"vsize", "the mapped address space in bytes (VmSize)"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc sample_desc = {
+    "memreclaim._core.Sample",
+    "This process's memory in one read of /proc/self/statm (sample()).",
+    sample_fields,
+    3,
+};
+
 /* Each result type's description, by its mr_type_id. */
 static PyStructSequence_Desc *const result_descs[MR_NTYPES] = {
-    [MR_TRIM_RESULT] = &trim_result_desc,       [MR_MEMORY_STATS] = &memory_stats_desc,
-    [MR_HEAP_STATS] = &heap_stats_desc,         [MR_TRIM_TOTALS] = &trim_totals_desc,
-    [MR_COLLECT_RESULT] = &collect_result_desc, [MR_PROCESS_STATUS] = &process_status_desc,
-    [MR_PROCESS_ROLLUP] = &process_rollup_desc, [MR_MIMALLOC_AREAS] = &mimalloc_areas_desc,
-    [MR_THP_SETTINGS] = &thp_settings_desc,     [MR_THP_MARKED] = &thp_marked_desc,
+    [MR_TRIM_RESULT] = &trim_result_desc,
+    [MR_MEMORY_STATS] = &memory_stats_desc,
+    [MR_HEAP_STATS] = &heap_stats_desc,
+    [MR_TRIM_TOTALS] = &trim_totals_desc,
+    [MR_COLLECT_RESULT] = &collect_result_desc,
+    [MR_PROCESS_STATUS] = &process_status_desc,
+    [MR_PROCESS_ROLLUP] = &process_rollup_desc,
+    [MR_MIMALLOC_AREAS] = &mimalloc_areas_desc,
+    [MR_THP_SETTINGS] = &thp_settings_desc,
+    [MR_THP_MARKED] = &thp_marked_desc,
+    [MR_SAMPLE] = &sample_desc,
     [MR_PROC_IDENTITY] = &proc_identity_desc,
 };
 

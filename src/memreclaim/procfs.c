@@ -187,6 +187,7 @@ static int statm_read_locked(mr_statm *statm, unsigned long generation, mr_rss_s
     }
     out->resident = (int64_t)fields[1] * page_size;
     out->anon = fields[1] > fields[2] ? (int64_t)(fields[1] - fields[2]) * page_size : 0;
+    out->vsize = (int64_t)fields[0] * page_size;
     if (generation == 0) {
         statm_close_locked(statm); /* no fork notification: never keep the descriptor */
     }
@@ -547,6 +548,49 @@ int mr_lines_read(int fd, char *buf, size_t size, mr_line_fn fn, void *ctx)
             memmove(buf, line, used);
         }
     }
+}
+
+int mr_self_lines(const char *name, const char *path, char *buf, size_t size, mr_line_fn fn,
+                  void *ctx)
+{
+    int fd, err;
+    if (path != NULL) {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            return errno;
+        }
+    } else if ((err = proc_open(0, name, &fd)) != 0) {
+        return err;
+    }
+    err = mr_lines_read(fd, buf, size, fn, ctx);
+    (void)close(fd);
+    return err;
+}
+
+int mr_kb_line(const char *line, size_t len, const char *key, int64_t *bytes)
+{
+    size_t key_len = strlen(key);
+    const char *p;
+    uint64_t value;
+    if (line == NULL || len <= key_len || memcmp(line, key, key_len) != 0) {
+        return -1;
+    }
+    p = line + key_len;
+    if (parse_u64(&p, line + len, &value) != 0 || value > (uint64_t)INT64_MAX / 1024) {
+        return -1;
+    }
+    *bytes = (int64_t)value * 1024;
+    return 0;
+}
+
+int mr_self_exe(char *out, size_t size)
+{
+    ssize_t n = readlink("/proc/self/exe", out, size - 1);
+    if (n < 0) {
+        return errno;
+    }
+    out[n] = '\0';
+    return n > 0 ? 0 : ENOENT;
 }
 
 /* A hexadecimal number ending at `stop` (which is consumed). */

@@ -104,7 +104,6 @@ static int maps_line(void *ctx, const char *line, size_t len)
 int mr_thp_heap_ranges(const char *maps_path, uint64_t pmd_size, mr_range_fn fn, void *ctx)
 {
     char buf[4096];
-    int fd, err;
     walk_state walk;
 
     if (pmd_size == 0 || (pmd_size & (pmd_size - 1)) != 0) {
@@ -115,13 +114,7 @@ int mr_thp_heap_ranges(const char *maps_path, uint64_t pmd_size, mr_range_fn fn,
     walk.fn = fn;
     walk.ctx = ctx;
     walk.prev.valid = 0;
-    fd = open(maps_path == NULL ? "/proc/self/maps" : maps_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return errno;
-    }
-    err = mr_lines_read(fd, buf, sizeof(buf), maps_line, &walk);
-    (void)close(fd);
-    return err;
+    return mr_self_lines("maps", maps_path, buf, sizeof(buf), maps_line, &walk);
 }
 
 typedef struct {

@@ -43,12 +43,12 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, NamedTuple, Self
 
 import memreclaim
 
 from .. import _core, _libraries, _validate, glibc
-from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss
+from .._core import HeapStats, TrimResult, UnsupportedAllocatorError, heap_stats, rss, sample
 from ..memlimits import auto_limit
 from ..policy import Decision, PacingPolicy, Reading, TrimOutcome
 from ..units import format_bytes
@@ -91,14 +91,6 @@ def _heap() -> HeapStats | None:
         return None
 
 
-def _vsize() -> int | None:
-    """The mapped address space in bytes (``VmSize``, read by the C core), or None."""
-    try:
-        return _core.process_status(os.getpid()).virtual
-    except OSError:
-        return None
-
-
 _thp_always: bool | None = None
 
 
@@ -114,24 +106,38 @@ def _thp_is_always() -> bool:
     return _thp_always
 
 
-def _regrowth_vsize() -> int | None:
-    """The address space the policy compares regrowth with, where regrowth can happen."""
-    return _vsize() if _thp_is_always() else None
+def _regrowth_vsize(vsize: int, heap: HeapStats | None) -> int | None:
+    """The address space the policy compares regrowth with (``vsize``, from the tick's
+    :func:`~memreclaim._core.sample`), where regrowth can happen and the allocator's figures were
+    read with it; else None."""
+    return vsize if heap is not None and _thp_is_always() else None
 
 
-def _in_use(heap: HeapStats | None) -> int | None:
+class _Figures(NamedTuple):
+    """The allocator's figures as the policy takes them, with what library pools report."""
+
+    free: int | None
+    in_use: int | None
     """Bytes live data holds: the allocator's in-use figure plus what library pools (pyarrow's)
-    report in use, or None when the allocator does not say."""
-    if heap is None or heap.in_use is None:
-        return None
-    return heap.in_use + _libraries.in_use()
-
-
-def _mapped(heap: HeapStats | None) -> int | None:
+    report in use; None when the allocator does not say."""
+    mapped: int | None
     """Bytes the allocator maps plus what library pools report in use, or None."""
-    if heap is None or heap.mapped is None:
-        return None
-    return heap.mapped + _libraries.in_use()
+
+
+_NO_FIGURES = _Figures(None, None, None)
+
+
+def _figures(heap: HeapStats | None) -> _Figures:
+    """``heap``'s figures with the library pools' in-use bytes (asked once: the same figure in
+    ``in_use`` and ``mapped``)."""
+    if heap is None:
+        return _NO_FIGURES
+    pools = _libraries.in_use() if heap.in_use is not None or heap.mapped is not None else 0
+    return _Figures(
+        heap.free,
+        None if heap.in_use is None else heap.in_use + pools,
+        None if heap.mapped is None else heap.mapped + pools,
+    )
 
 
 # ---- reporting ------------------------------------------------------------------------------
@@ -366,27 +372,29 @@ class _Runner:
 
     def _check(self, now: float, lag: float, settled: bool = False) -> tuple[Decision, int]:
         started = time.perf_counter()
-        current = rss()
+        # The tick's reading: one statm read, then the allocator's figures if the policy asks.
+        reading = sample()
+        current = reading.rss
         traced = _traced()
         with self._lock:
             wants_heap = self._policy.wants_free(now, current)
         heap = _heap() if wants_heap else None
-        vsize = _regrowth_vsize() if heap is not None else None
-        in_use = _in_use(heap)
+        vsize = _regrowth_vsize(reading.vsize, heap)
+        figures = _figures(heap)
         with self._lock:
-            self._in_use_decided = in_use
+            self._in_use_decided = figures.in_use
             in_flight = self._in_flight if self._requests_seen else None
             decision = self._policy.decide(
                 Reading(
                     now,
                     current,
                     traced=traced,
-                    free=None if heap is None else heap.free,
+                    free=figures.free,
                     in_flight=in_flight,
                     settled=settled,
-                    in_use=in_use,
+                    in_use=figures.in_use,
                     vsize=vsize,
-                    mapped=_mapped(heap),
+                    mapped=figures.mapped,
                 )
             )
             growth = self._policy.growth(current, traced)
@@ -413,7 +421,7 @@ class _Runner:
         in-use bytes as it starts are the deciding tick's, or read now if it had none (frees
         while it runs are told from them: :attr:`TrimOutcome.in_use_before`)."""
         if self._in_use_decided is None:
-            self._in_use_decided = _in_use(_heap())
+            self._in_use_decided = _figures(_heap()).in_use
         if not _TRIM_LOCK.acquire(blocking=False):
             self._count(skipped_concurrent=1)
             return None
@@ -426,9 +434,10 @@ class _Runner:
         self, now: float, result: TrimResult, growth: int, gate: Gate, deferred: float
     ) -> TrimEvent:
         released = result.released or 0
-        rss_after = result.rss_after if result.rss_after is not None else rss()
         heap = _heap()
-        mapped = _mapped(heap)
+        after = sample()
+        rss_after = result.rss_after if result.rss_after is not None else after.rss
+        figures = _figures(heap)
         # A part it could not measure or act on: the trim may have missed memory there.
         unreached = result.reason is not None or None in result.parts.values()
         with self._lock:
@@ -442,16 +451,17 @@ class _Runner:
                     rss_after=rss_after,
                     seconds=result.seconds,
                     traced=_traced(),
-                    free=None if heap is None else heap.free,
-                    in_use=_in_use(heap),
-                    mapped=mapped,
-                    vsize=_regrowth_vsize() if heap is not None else None,
+                    free=figures.free,
+                    in_use=figures.in_use,
+                    mapped=figures.mapped,
+                    vsize=_regrowth_vsize(after.vsize, heap),
                     unreached=unreached,
                     in_use_before=self._in_use_decided,
                 )
             )
             provisional = self._policy.provisional
             retest_due = self._policy.retest_due
+            floor = self._policy.floor
             self._add(
                 trims=1,
                 retest_trims=1 if retest else 0,
@@ -459,11 +469,11 @@ class _Runner:
                 bytes_released=released,
                 trim_seconds=result.seconds,
                 deadline_trims=1 if gate == "deadline" else 0,
-                floor=self._policy.floor,
+                floor=floor,
                 level=self._policy.level,
             )
             slack = self._policy.slack
-            left = rss_after - (self._policy.floor or rss_after)
+            left = rss_after - (floor or rss_after)
         event = TrimEvent(
             result=result,
             reason=reason,
@@ -494,13 +504,18 @@ class _Runner:
         )
         if self._thresholds is None and left > slack and threading.active_count() >= 3:
             self._check_arenas(slack)
-        if self._on_trim is not None:
-            try:
-                self._on_trim(event)
-            except Exception:
-                self._count(callback_errors=1)
-                logger.exception("%s %s: on_trim callback raised", self._kind, self._name)
+        self._call_on_trim(event)
         return event
+
+    def _call_on_trim(self, event: TrimEvent) -> None:
+        """The user's ``on_trim``; what it raises is counted and logged, never propagated."""
+        if self._on_trim is None:
+            return
+        try:
+            self._on_trim(event)
+        except Exception:
+            self._count(callback_errors=1)
+            logger.exception("%s %s: on_trim callback raised", self._kind, self._name)
 
     def _check_arenas(self, slack: int) -> None:
         """A trim left more than ``slack`` with three or more threads: under mimalloc 2, set the
@@ -616,7 +631,7 @@ class _Runner:
         current = rss()
         heap = _heap()
         with self._lock:
-            in_use = _in_use(heap)
+            in_use = _figures(heap).in_use
             self._policy.reset(time.monotonic(), current, _traced(), in_use=in_use)
             self._add(floor=current, level=current, last_rss=current)
 
