@@ -8,6 +8,7 @@ a benchmark or a stress script go through it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import json
@@ -17,12 +18,51 @@ import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Each test process (each xdist worker) has a temporary directory of its own, made here before
+# any test module reads tempfile.gettempdir() and passed on to every process the tests start
+# ($TMPDIR). The remote-trim handlers publish there (memreclaim-PID): a directory left by a
+# killed target can then only meet a later process of the same worker, never another worker's
+# test or a later run, and it is removed after the test that left it (_no_stale_handler_dirs).
+# Sticky and world-writable like /tmp: the attack tests' second user creates files in it too.
+_OWN_TMP = tempfile.mkdtemp(
+    prefix=f"memreclaim-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"
+)
+os.chmod(_OWN_TMP, 0o1777)
+os.environ["TMPDIR"] = _OWN_TMP
+tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
+atexit.register(shutil.rmtree, _OWN_TMP, True)
+_HANDLER_DIR = re.compile(r"^memreclaim-(\d+)(-[^/]*)?$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_handler_dirs() -> Iterator[None]:
+    """After each test, remove the handler directories its processes left behind: those of a
+    process that is gone (killed targets run no exit handler). A later process given the same
+    pid would find them in the way of a test that makes that directory itself."""
+    yield
+    for name in os.listdir(_OWN_TMP):
+        match = _HANDLER_DIR.match(name)
+        if match and not _pid_alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(_OWN_TMP, name), ignore_errors=True)
+
 
 # The allocators' runtime libraries, found by soname (any major version: mimalloc is
 # libmimalloc.so.2 in Debian 12, libmimalloc.so.3 in 13+), never by a hard-coded path.
