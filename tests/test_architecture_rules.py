@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_gil_sites import FUNCTION
+from test_gil_sites import enclosing_functions
 
 import memreclaim
 from memreclaim import _accounting, _core
@@ -110,14 +110,7 @@ DICTS = {
 
 def _dict_sites(text: str) -> set[str]:
     """The enclosing function of each dict the C source ``text`` makes."""
-    found, current = set(), None
-    for line in text.splitlines():
-        match = FUNCTION.match(line)
-        if match and not line.rstrip().endswith(";"):
-            current = match.group(1)
-        if DICT.search(line):
-            found.add(current or "?")
-    return found
+    return set(enclosing_functions(DICT, text))
 
 
 def test_the_detector_finds_the_functions_that_make_dicts() -> None:
@@ -159,7 +152,7 @@ OPENS = re.compile(r"\b(open|openat|fopen|fdopen|opendir|readlink|stat|lstat)\s*
 def test_only_procfs_c_opens_proc_or_sys_files() -> None:
     """Every /proc and sysfs file the C core reads is opened in procfs.c (the other files hand it
     a file name and a line callback: ``mr_self_lines``, ``mr_self_exe``)."""
-    assert OPENS.search('fd = open(path, O_RDONLY);') and not OPENS.search("dlopen(name, 0)")
+    assert OPENS.search("fd = open(path, O_RDONLY);") and not OPENS.search("dlopen(name, 0)")
     openers = sorted(
         path.name
         for path in PACKAGE.glob("*.c")

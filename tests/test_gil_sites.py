@@ -38,17 +38,23 @@ SITES = {
 }
 
 
-def _sites(text: str) -> list[str]:
-    """The enclosing function of each GIL release in a C source ``text``, in order."""
+def enclosing_functions(pattern: re.Pattern[str], text: str) -> list[str]:
+    """The enclosing function of each line of a C source ``text`` that ``pattern`` matches, in
+    order ("?" outside any function)."""
     found = []
     current = None
     for line in text.splitlines():
         match = FUNCTION.match(line)
         if match and not line.rstrip().endswith(";"):
             current = match.group(1)
-        if RELEASE.search(line):
+        if pattern.search(line):
             found.append(current or "?")
     return found
+
+
+def _sites(text: str) -> list[str]:
+    """The enclosing function of each GIL release in a C source ``text``, in order."""
+    return enclosing_functions(RELEASE, text)
 
 
 def test_the_detector_finds_the_enclosing_function() -> None:
