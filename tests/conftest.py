@@ -32,8 +32,11 @@ import pytest
 # killed target can then only meet a later process of the same worker, never another worker's
 # test or a later run, and it is removed after the test that left it (_no_stale_handler_dirs).
 # Sticky and world-writable like /tmp: the attack tests' second user creates files in it too.
+# Made beside, not inside, the controller's (workers inherit its $TMPDIR), with a short name:
+# Ray puts AF_UNIX sockets under $TMPDIR, and their paths must stay under 108 bytes.
+_TMP_BASE = os.environ.setdefault("PYTEST_MEMRECLAIM_TMP_BASE", tempfile.gettempdir())
 _OWN_TMP = tempfile.mkdtemp(
-    prefix=f"memreclaim-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"
+    prefix=f"mrt-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-", dir=_TMP_BASE
 )
 os.chmod(_OWN_TMP, 0o1777)
 os.environ["TMPDIR"] = _OWN_TMP
