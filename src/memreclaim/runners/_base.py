@@ -113,6 +113,17 @@ def _regrowth_vsize(vsize: int, heap: HeapStats | None) -> int | None:
     return vsize if heap is not None and _thp_is_always() else None
 
 
+def _after_trim(result: TrimResult, heap: HeapStats | None) -> tuple[int, int | None]:
+    """RSS after a trim (the trim's own figure, else read now) and the address space the policy
+    compares regrowth with (read only where regrowth can happen: :func:`_regrowth_vsize`)."""
+    vsize_wanted = heap is not None and _thp_is_always()
+    if result.rss_after is not None and not vsize_wanted:
+        return result.rss_after, None
+    reading = sample()
+    rss_after = reading.rss if result.rss_after is None else result.rss_after
+    return rss_after, _regrowth_vsize(reading.vsize, heap)
+
+
 class _Figures(NamedTuple):
     """The allocator's figures as the policy takes them, with what library pools report."""
 
@@ -435,8 +446,7 @@ class _Runner:
     ) -> TrimEvent:
         released = result.released or 0
         heap = _heap()
-        after = sample()
-        rss_after = result.rss_after if result.rss_after is not None else after.rss
+        rss_after, vsize = _after_trim(result, heap)
         figures = _figures(heap)
         # A part it could not measure or act on: the trim may have missed memory there.
         unreached = result.reason is not None or None in result.parts.values()
@@ -454,7 +464,7 @@ class _Runner:
                     free=figures.free,
                     in_use=figures.in_use,
                     mapped=figures.mapped,
-                    vsize=_regrowth_vsize(after.vsize, heap),
+                    vsize=vsize,
                     unreached=unreached,
                     in_use_before=self._in_use_decided,
                 )
