@@ -213,8 +213,17 @@ def test_readers_return_struct_sequences_whose_dicts_keep_the_old_keys() -> None
 
 def oracle_start_time(pid: int) -> int:
     """Field 22 of /proc/PID/stat, read here: the fields after the last ')' (the command may
-    hold ')' and blanks)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
+    hold ')' and blanks). Read relative to the open /proc/PID directory, as the C core reads it:
+    qemu-user (the arm64 wheels' tests) answers a path naming the emulated process itself
+    (/proc/self/stat, /proc/OWNPID/stat) with a stat of its own making, whose start time can be a
+    tick off the kernel's."""
+    directory = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open("stat", os.O_RDONLY, dir_fd=directory)
+    finally:
+        os.close(directory)
+    with os.fdopen(fd) as f:
+        text = f.read()
     return int(text.rsplit(")", 1)[1].split()[19])
 
 
