@@ -115,13 +115,13 @@ def _regrowth_vsize(vsize: int, heap: HeapStats | None) -> int | None:
 
 def _after_trim(result: TrimResult, heap: HeapStats | None) -> tuple[int, int | None]:
     """RSS after a trim (the trim's own figure, else read now) and the address space the policy
-    compares regrowth with (read only where regrowth can happen: :func:`_regrowth_vsize`)."""
+    compares regrowth with (read only where regrowth can happen, as in :func:`_regrowth_vsize`)."""
     vsize_wanted = heap is not None and _thp_is_always()
     if result.rss_after is not None and not vsize_wanted:
         return result.rss_after, None
     reading = sample()
     rss_after = reading.rss if result.rss_after is None else result.rss_after
-    return rss_after, _regrowth_vsize(reading.vsize, heap)
+    return rss_after, reading.vsize if vsize_wanted else None
 
 
 class _Figures(NamedTuple):
