@@ -25,7 +25,8 @@ on its own -- nothing is netted against anything else:
 * **outside malloc** -- anonymous RSS that neither the allocator (its resident or mapped bytes)
   nor pymalloc's arenas own: a library's own ``mmap`` regions; shared memory (``RssShmem``:
   ``mmap.mmap(-1, n)``, multiprocessing heaps); and mapped files (``RssFile``: files mapped per
-  call and kept; pages of code or data mapped once are one-time growth);
+  call and kept; pages of code or data mapped once are one-time growth, and as one measured run
+  cannot tell the two apart, mapped files are judged over two or more runs only, a note else);
 * threads, as evidence.
 
 A component leaks when its least-squares slope over the measured iterations (the first one
