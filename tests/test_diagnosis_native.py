@@ -115,9 +115,31 @@ def test_without_memray_the_native_pass_says_why(monkeypatch: pytest.MonkeyPatch
     from memreclaim.diagnosis._native import NativeTrace, library_of
 
     monkeypatch.setitem(sys.modules, "memray", None)  # import memray -> ImportError
-    trace = NativeTrace()
+    trace = NativeTrace("glibc")
     with trace:
         assert trace.reason is not None
     assert trace.sites() == "memray is not installed: the allocating function is not named"
     assert library_of("no_such_function_anywhere_xyz") is None
     assert library_of("malloc") is not None  # libc's, found by dladdr
+
+
+@pytest.mark.parametrize("allocator", ["jemalloc", "tcmalloc", "mimalloc", "unknown"])
+def test_the_native_pass_runs_under_glibc_malloc_only(
+    allocator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # memray's mmap hook allocates inside jemalloc while it holds an arena lock: a hang (CI's
+    # matrix, 3.13 + jemalloc). The tracker must not even be created under another allocator.
+    from memreclaim.diagnosis._native import NativeTrace
+
+    class Refused:
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"memray.{name} used under {allocator}")
+
+    monkeypatch.setitem(sys.modules, "memray", Refused())
+    trace = NativeTrace(allocator)
+    with trace:
+        assert trace.reason is not None
+    found = trace.sites()
+    assert isinstance(found, str)
+    assert found.startswith("memray's native tracker is run under glibc's malloc only"), found
+    assert f"here {allocator}" in found, found

@@ -616,10 +616,11 @@ class _Protocol:
 
     def _native_pass(self, report: Report) -> Generator[bool, None, Report]:
         """A native leak: ``repeat`` more runs under memray's native tracker (where installed)
-        name the function and shared object that allocate the growing blocks."""
+        name the function and shared object that allocate the growing blocks (glibc's malloc
+        only: see ``_native``)."""
         from ._native import NativeTrace
 
-        trace = NativeTrace()
+        trace = NativeTrace(report.allocator)
         with trace:
             for _ in range(self._repeat if trace.reason is None else 0):
                 yield False

@@ -8,6 +8,14 @@ loaded object that defines that name (the C core reads the objects' dynamic symb
 memray names the function, not always its file). memray was chosen over sampling backtraces
 in C because glibc has no malloc hooks any more, an interposed malloc would slow every run, and
 memray's tracker is made for this and is paid only on this extra pass.
+
+The pass runs under glibc's malloc only. memray hooks every loaded object's calls to ``mmap``,
+the allocator's own among them, and its hook allocates: jemalloc maps new extents while holding
+an arena lock, so the hook's allocation waits for that lock in the same thread and the process
+hangs for good (seen with Debian's jemalloc 5.3 preloaded under CPython 3.13). glibc's malloc
+maps through its internal ``__mmap``, which the hook never sees. tcmalloc (which defines ``mmap``
+itself) and mimalloc also map from inside the allocator through calls the hook sees, so they are
+skipped on the same grounds, as is an allocator memreclaim does not know.
 """
 
 from __future__ import annotations
@@ -52,16 +60,26 @@ def library_of(function: str) -> str | None:
 
 
 class NativeTrace:
-    """``with NativeTrace() as trace: runs...`` then ``trace.sites()``: the largest groups of
-    blocks still allocated at the end of the block, by stack, or a sentence saying why they
-    cannot be named (memray missing, another tracker active)."""
+    """``with NativeTrace(allocator) as trace: runs...`` then ``trace.sites()``: the largest
+    groups of blocks still allocated at the end of the block, by stack, or a sentence saying why
+    they cannot be named (memray missing, another tracker active, an allocator other than glibc's
+    malloc, under which memray's hooks can hang the process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, allocator: str) -> None:
+        self._allocator = allocator
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         self._tracker: Any = None
         self.reason: str | None = None
 
     def __enter__(self) -> NativeTrace:
+        if self._allocator != "glibc":
+            self.reason = (
+                f"memray's native tracker is run under glibc's malloc only (here {self._allocator}:"
+                " memray's hook on the allocator's own mmap calls allocates again while the"
+                " allocator holds its lock, which can hang the process): the allocating function"
+                " is not named"
+            )
+            return self
         try:
             import memray
         except ImportError:
