@@ -187,7 +187,7 @@ static int set_thp_fields(PyObject *result, Py_ssize_t first, const thp_outcome 
 }
 
 PyDoc_STRVAR(set_thp_marking_doc,
-             "set_thp_marking(enabled, /) -> bool\n\n"
+             "set_thp_marking($module, enabled, /)\n--\n\n"
              "Whether trim() marks the allocators' heap mappings MADV_NOHUGEPAGE when THP is\n"
              "'always' (the default: True), for the whole process; returns the previous setting.\n"
              "Off, khugepaged may collapse what a trim gave back into huge pages again, and\n"

@@ -46,7 +46,7 @@ static PyObject *raise_pid_error(int err, int pid, const char *name)
 }
 
 PyDoc_STRVAR(process_status_doc,
-             "process_status(pid, /) -> ProcessStatus\n\n"
+             "process_status($module, pid, /)\n--\n\n"
              "Process pid's figures from /proc/PID/status: name, threads, and in bytes rss,\n"
              "rss_anon, rss_file, rss_shmem, swap, peak_rss (VmHWM), virtual (VmSize); None\n"
              "where the kernel does not report one. The file is readable by\n"
@@ -82,7 +82,7 @@ static PyObject *core_process_status(PyObject *module, PyObject *arg)
 }
 
 PyDoc_STRVAR(process_identity_doc,
-             "process_identity(pid, /) -> ProcessIdentity\n\n"
+             "process_identity($module, pid, /)\n--\n\n"
              "Who process pid is: uid, its effective uid (the Uid: line of /proc/PID/status),\n"
              "and start_time, when it started in clock ticks after boot (field 22 of\n"
              "/proc/PID/stat; a later process given the same pid has a later one). Both files\n"
@@ -116,7 +116,7 @@ static PyObject *core_process_identity(PyObject *module, PyObject *arg)
 }
 
 PyDoc_STRVAR(process_rollup_doc,
-             "process_rollup(pid, /) -> ProcessRollup\n\n"
+             "process_rollup($module, pid, /)\n--\n\n"
              "Process pid's /proc/PID/smaps_rollup, in bytes: pss, private_dirty,\n"
              "shared_clean, anonymous, anon_huge_pages (None where absent). Needs ptrace\n"
              "access to the process (its user, or CAP_SYS_PTRACE): PermissionError otherwise;\n"
@@ -143,7 +143,7 @@ static PyObject *core_process_rollup(PyObject *module, PyObject *arg)
 }
 
 PyDoc_STRVAR(process_heap_mapping_doc,
-             "process_heap_mapping(pid, /) -> int | None\n\n"
+             "process_heap_mapping($module, pid, /)\n--\n\n"
              "Size in bytes of process pid's [heap] mapping (the brk heap of glibc's main\n"
              "arena) from /proc/PID/maps, or None when it has none. Errors as process_rollup().");
 

@@ -65,20 +65,20 @@ static PyObject *core_set_arena_max(PyObject *module, PyObject *value)
 }
 
 PyDoc_STRVAR(pin_mmap_threshold_doc,
-             "pin_mmap_threshold(nbytes) -> None\n\n"
+             "pin_mmap_threshold($module, nbytes, /)\n--\n\n"
              "mallopt(M_MMAP_THRESHOLD, nbytes): blocks of at least nbytes get their own mmap and\n"
              "go back to the kernel when freed. This also turns off glibc's adaptive threshold,\n"
              "which otherwise rises to the size of every large block freed (up to 32 MiB).\n"
              "nbytes: 1 to 33554432 (32 MiB) on 64-bit. glibc only.");
 
 PyDoc_STRVAR(set_trim_threshold_doc,
-             "set_trim_threshold(nbytes) -> None\n\n"
+             "set_trim_threshold($module, nbytes, /)\n--\n\n"
              "mallopt(M_TRIM_THRESHOLD, nbytes): free memory at the top of the main heap above\n"
              "nbytes is given back by free() itself. It governs only the top of the heap, not\n"
              "holes in the middle (trim() handles those). nbytes: 0 to 2147483647. glibc only.");
 
 PyDoc_STRVAR(set_arena_max_doc,
-             "set_arena_max(n) -> None\n\n"
+             "set_arena_max($module, n, /)\n--\n\n"
              "mallopt(M_ARENA_MAX, n): the most malloc arenas glibc creates for threads. glibc\n"
              "fixes its limit the first time a thread needs a new arena past the first eight\n"
              "(or past a limit already set), and never frees arenas: call it at start-up.\n"
@@ -119,7 +119,7 @@ static PyObject *core_malloc_info(PyObject *module, PyObject *Py_UNUSED(ignored)
 /* ---- purge delay and the calling thread's share (issue 22) ----------------------------------- */
 
 PyDoc_STRVAR(set_purge_delay_doc,
-             "set_purge_delay(milliseconds, /) -> int\n\n"
+             "set_purge_delay($module, milliseconds, /)\n--\n\n"
              "How long the allocator keeps memory freed in whole pages before it gives it back to\n"
              "the kernel: 0 gives it back as soon as a page is free, -1 never (until a trim).\n"
              "Returns the delay before the call. mimalloc only: mi_option_set(purge_delay) (the\n"
