@@ -192,6 +192,15 @@ def run_child(
         ) from None
 
 
+def skip_unless_user_runs_python(user: str) -> None:
+    """Skip the test when ``user`` cannot start this interpreter (a pyenv build whose libpython
+    lies under /root, mode 0700), saying why; the one probe every test that runs as another
+    user shares."""
+    probe = run_child(code="pass", user=user, cwd=Path("/"), keep_preload=True)
+    if probe.returncode != 0:
+        pytest.skip(f"user {user} cannot run this interpreter: {probe.stderr.strip()}")
+
+
 def _text(data: str | bytes | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
