@@ -98,11 +98,13 @@ def test_a_leak_memray_cannot_see_names_no_function(
 ) -> None:
     # ctypes calls libc's malloc through a pointer memray's hooks do not patch: its traces hold
     # other blocks (pymalloc's arenas...), which must not be named as the leak's allocator.
+    # libc.so.6's own malloc: CDLL(None) would find a non-PIE interpreter's PLT entry for malloc
+    # (Debian's /usr/bin/python3), whose GOT slot memray does patch.
     pytest.importorskip("memray", reason="the extra pass needs memray")
     r = _run(
         run_python,
         tmp_path,
-        "import ctypes\nlibc = ctypes.CDLL(None)\nlibc.malloc.restype = ctypes.c_void_p\n"
+        "import ctypes\nlibc = ctypes.CDLL('libc.so.6')\nlibc.malloc.restype = ctypes.c_void_p\n"
         "libc.malloc.argtypes = [ctypes.c_size_t]\nCALLS = 1\n"
         "def work():\n    ctypes.memset(libc.malloc(1 << 20), 1, 1 << 20)\n",
     )
