@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import os
 import select
 import socket
@@ -330,6 +331,54 @@ def test_a_lost_epoll_is_said_once_and_never_used(
     finally:
         for fd in (*keep, r, w, own, ep, poke):
             os.close(fd)
+
+
+def test_an_epoll_closed_between_the_check_and_the_poll_is_said_as_taken(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The program closes the epoll's number after ``wait`` checked it and before the poll
+    (CI's matrix under load): the poll's EBADF is reported as the program's doing, once, not as
+    an epoll failure; an epoll failing while still ours is said as such."""
+    wakeups = Wakeups([])
+    ep = wakeups.fileno()
+    checks = iter([True])  # the check before the poll passes; every later one sees the truth
+    real = wakeups._owned
+    monkeypatch.setattr(wakeups, "_owned", lambda: next(checks, None) or real())
+    keep = os.dup(ep)
+    os.close(ep)  # closed, not yet reused: the poll fails with EBADF
+    try:
+        with caplog.at_level("WARNING", logger="memreclaim.wakeups"):
+            assert wakeups.wait(0.01) == []
+            assert wakeups.wait(0.01) == []
+        said = [r.getMessage() for r in caplog.records if "wake-ups stopped" in r.getMessage()]
+        assert len(said) == 1 and "closed or reused by the program" in said[0], said
+    finally:
+        os.dup2(keep, ep)  # give the number back so that close() closes what it opened
+        os.close(keep)
+        wakeups.close()
+
+    failing = Wakeups([])
+
+    class Broken:
+        closed = False
+
+        def fileno(self) -> int:
+            return ep_real
+
+        def poll(self, timeout: float) -> list[tuple[int, int]]:
+            raise OSError(errno.EINVAL, "Invalid argument")
+
+        def close(self) -> None:
+            real_epoll.close()
+
+    real_epoll = failing._epoll
+    ep_real = real_epoll.fileno()
+    monkeypatch.setattr(failing, "_epoll", Broken())
+    monkeypatch.setattr(failing, "_owned", lambda: True)
+    with caplog.at_level("WARNING", logger="memreclaim.wakeups"):
+        assert failing.wait(0.01) == []
+    assert any("epoll failed ([Errno 22] Invalid argument)" in n for n in failing.notes)
+    failing.close()
 
 
 def test_psi_poll_failure_modes_and_stall_share(tmp_path: Path) -> None:

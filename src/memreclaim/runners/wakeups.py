@@ -550,6 +550,9 @@ def _poll_mask(epoll_mask: int) -> int:
     return mask
 
 
+_TAKEN = "its epoll or eventfd descriptor was closed or reused by the program"
+
+
 class Wakeups:
     """A set of :class:`WakeSource` in one epoll descriptor, plus a poke to wake the sleeper.
 
@@ -627,7 +630,7 @@ class Wakeups:
         if self._closed or self._epoll.closed:
             return -1
         if self._broken is None and not self._owned():
-            self._break("its epoll or eventfd descriptor was closed or reused by the program")
+            self._break(_TAKEN)
         return -1 if self._broken is not None else self._epoll.fileno()
 
     def wait(self, timeout: float | None) -> list[Wake]:
@@ -640,7 +643,7 @@ class Wakeups:
         if self._closed or self._epoll.closed:
             return []
         if self._broken is None and not self._owned():
-            self._break("its epoll or eventfd descriptor was closed or reused by the program")
+            self._break(_TAKEN)
         if self._broken is not None:
             self._asleep.wait(timeout)
             self._asleep.clear()
@@ -649,7 +652,9 @@ class Wakeups:
             ready = self._epoll.poll(-1 if timeout is None else max(0.0, timeout))
         except (OSError, ValueError) as exc:
             if not self._epoll.closed:  # else: closed meanwhile by another thread
-                self._break(f"epoll failed ({exc})")
+                # The program may close our numbers between the check above and the poll: then
+                # the poll's EBADF is that, and is said so.
+                self._break(f"epoll failed ({exc})" if self._owned() else _TAKEN)
             return []
         wakes: list[Wake] = []
         for fd, mask in ready:
