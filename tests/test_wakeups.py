@@ -357,23 +357,19 @@ def test_an_epoll_closed_between_the_check_and_the_poll_is_said_as_taken(
         os.close(keep)
         wakeups.close()
 
-    failing = Wakeups([])
-
     class Broken:
+        """The epoll, still ours, whose poll fails."""
+
         closed = False
 
-        def fileno(self) -> int:
-            return ep_real
+        def __init__(self, epoll: select.epoll) -> None:
+            self.fileno, self.close = epoll.fileno, epoll.close
 
         def poll(self, timeout: float) -> list[tuple[int, int]]:
             raise OSError(errno.EINVAL, "Invalid argument")
 
-        def close(self) -> None:
-            real_epoll.close()
-
-    real_epoll = failing._epoll
-    ep_real = real_epoll.fileno()
-    monkeypatch.setattr(failing, "_epoll", Broken())
+    failing = Wakeups([])
+    monkeypatch.setattr(failing, "_epoll", Broken(failing._epoll))
     monkeypatch.setattr(failing, "_owned", lambda: True)
     with caplog.at_level("WARNING", logger="memreclaim.wakeups"):
         assert failing.wait(0.01) == []
@@ -382,8 +378,6 @@ def test_an_epoll_closed_between_the_check_and_the_poll_is_said_as_taken(
 
 
 def test_psi_poll_failure_modes_and_stall_share(tmp_path: Path) -> None:
-    import errno
-
     path = tmp_path / "memory.pressure"
     with pytest.raises(ValueError, match="kind must be"):
         wk.PsiPoll(str(path), kind="most")
